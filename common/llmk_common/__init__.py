@@ -1,0 +1,21 @@
+"""Helpers shared by every llm-kernel-lib package.
+
+This directory is the single source of truth. Each package links it into its own
+namespace as ``<package>/_common`` (a symlink in the repo, a real copy inside the
+sdist and wheel), so every wheel installs and imports alone and the packages never
+import each other.
+"""
+
+from .checks import check_same_device, check_tensor
+from .device import Backend, interpreter_enabled, select_backend
+from .tuning import TuningTable, arch_key
+
+__all__ = [
+    "Backend",
+    "TuningTable",
+    "arch_key",
+    "check_same_device",
+    "check_tensor",
+    "interpreter_enabled",
+    "select_backend",
+]

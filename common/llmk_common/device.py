@@ -1,0 +1,42 @@
+"""The device rule, implemented once for every op of every package.
+
+* CUDA tensors -> the GPU kernel.
+* CPU tensors  -> the same Triton kernel under Triton's interpreter when
+  ``TRITON_INTERPRET=1`` is set (this is how CI exercises kernels on CPU),
+  otherwise a PyTorch reference path.
+
+Ops with no Triton kernel (the CUDA-extension op in ``fused_rmsnorm``) pass
+``has_interpreter=False`` and use the PyTorch path for every CPU tensor.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+
+import torch
+
+
+class Backend(str, enum.Enum):
+    GPU = "gpu"  # the compiled kernel on a CUDA device
+    INTERPRETER = "interpreter"  # the Triton kernel run by Triton's CPU interpreter
+    TORCH = "torch"  # the PyTorch reference implementation
+
+    def __str__(self) -> str:  # pragma: no cover - cosmetic
+        return self.value
+
+
+def interpreter_enabled() -> bool:
+    """True when Triton's interpreter is switched on (read when ``triton.jit`` runs)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "no")
+
+
+def select_backend(device: torch.device, *, has_interpreter: bool = True) -> Backend:
+    """Pick the implementation for tensors living on ``device``."""
+    if device.type == "cuda":
+        return Backend.GPU
+    if device.type == "cpu":
+        if has_interpreter and interpreter_enabled():
+            return Backend.INTERPRETER
+        return Backend.TORCH
+    raise ValueError(f"unsupported device {device}: expected CUDA or CPU tensors")

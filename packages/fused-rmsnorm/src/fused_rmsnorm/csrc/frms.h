@@ -1,0 +1,41 @@
+// Shared declarations between the CUDA translation units and the pybind11 binding.
+// Every launcher is extern "C", takes raw device pointers, element strides and a stream, and
+// returns a cudaError_t code as int (0 = success) so the binding can raise with a message.
+#pragma once
+#include <cstdint>
+
+// dtype codes used across the Python/C boundary (keep in sync with ops/rmsnorm_linear.py)
+#define FRMS_DTYPE_F16 0
+#define FRMS_DTYPE_BF16 1
+
+// Status codes beyond cudaError_t range for argument problems caught in C++.
+#define FRMS_ERR_BAD_ARG 100000
+#define FRMS_ERR_CUTLASS 100001
+#define FRMS_ERR_NOT_BUILT 100002
+
+extern "C" {
+
+// y[m, n] = rstd[m] * sum_k x[m, k] * g[k] * w[n, k] (+ bias[n]); rstd from x itself.
+// Small-M path: W is streamed once per row chunk. Requires K % 8 == 0 and 16-byte aligned rows.
+int frms_decode(int dtype, const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw, const void* bias,
+                void* y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int ksplit, int grid_blocks,
+                void* stream);
+
+// rstd[m] = 1 / sqrt(mean_k x[m, k]^2 + eps) in fp32. signal_dependents: trigger Hopper PDL early.
+int frms_rstd(int dtype, const void* x, int64_t ldx, float* rstd, int64_t M, int64_t K, float eps, void* stream);
+
+// D = (A @ B^T) * rstd[:, None] (+ bias[None, :]); A (M, K) row stride lda, B (N, K) row stride ldb.
+int frms_gemm_sm90(int dtype, int config, const void* a, int64_t lda, const void* b, int64_t ldb, const float* rstd,
+                   const void* bias, void* d, int64_t ldd, int64_t M, int64_t N, int64_t K, int pdl, void* stream);
+int frms_gemm_sm80(int dtype, int config, const void* a, int64_t lda, const void* b, int64_t ldb, const float* rstd,
+                   const void* bias, void* d, int64_t ldd, int64_t M, int64_t N, int64_t K, void* stream);
+
+// Per-config entry points for the SM90 GEMM: each tile config lives in its own translation unit
+// (gemm_sm90.cu compiled once per FRMS_SM90_CFG) so the build can compile them in parallel.
+int frms_gemm_sm90_cfg0(int dtype, const void* a, int64_t lda, const void* b, int64_t ldb, const float* rstd,
+                        const void* bias, void* d, int64_t ldd, int64_t M, int64_t N, int64_t K, int pdl, void* stream);
+int frms_gemm_sm90_cfg1(int dtype, const void* a, int64_t lda, const void* b, int64_t ldb, const float* rstd,
+                        const void* bias, void* d, int64_t ldd, int64_t M, int64_t N, int64_t K, int pdl, void* stream);
+int frms_gemm_sm90_cfg2(int dtype, const void* a, int64_t lda, const void* b, int64_t ldb, const float* rstd,
+                        const void* bias, void* d, int64_t ldd, int64_t M, int64_t N, int64_t K, int pdl, void* stream);
+}

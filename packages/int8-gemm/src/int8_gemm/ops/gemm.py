@@ -1,0 +1,484 @@
+"""W8A8 int8 GEMM with the dequantization fused into the epilogue.
+
+``C = (A_q @ B_q as int32) * sa[:, None] * sb[None, :] (+ bias)`` cast to ``out_dtype``.
+
+* The int32 accumulator lives in registers; only the dequantized output is written
+  (split-K writes int32 partials that a second kernel sums exactly, then dequantizes).
+* A and B take any strides (passed to the kernel). The fast layout is A row-major (K
+  contiguous) and B *K-major*, i.e. ``B_q = W_q.t()`` for an ``(N, K)`` contiguous weight:
+  both operands then stream K-contiguous 16-byte vectors, which is what the tensor-core
+  int8 MMA (wgmma on SM90, mma.sync on SM80/86) wants. A row-major ``(K, N)`` B is correct
+  but slower (int8 operands of an MMA must be K-major in shared memory, so the compiler
+  has to transpose the tile).
+* Tile order is grouped (GROUP_M swizzle) for L2 reuse.
+* Small M (decode) uses a small BLOCK_M plus split-K so the weight streams from every SM.
+* ``out_dtype=torch.int32`` returns the raw int32 product (``sa``/``sb``/``bias`` must be None),
+  like ``torch._int_mm`` but without its M > 16 restriction.
+* Configs come from ``tuning.json`` (arch -> M bucket [, N, K]); ``INT8_GEMM_AUTOTUNE=1``
+  benchmarks a pruned candidate list once per (arch, M bucket, N, K, layout) instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend
+
+_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.int32)
+_TUNING_PATH = Path(__file__).resolve().parent.parent / "tuning.json"
+_M_BUCKETS = ((1, 16), (17, 64), (65, 256), (257, 1024), (1025, 1 << 62))
+
+
+@triton.jit
+def _int8_gemm_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    ws_ptr,
+    sa_ptr,
+    sb_ptr,
+    bias_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    stride_sa,
+    stride_sb,
+    HAS_BIAS: tl.constexpr,
+    OUT_INT32: tl.constexpr,
+    A_K_CONTIG: tl.constexpr,
+    B_K_CONTIG: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    # Grouped order: GROUP_M row-tiles sweep the N tiles together so B tiles stay in L2.
+    num_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_in_group
+    first_m = group_id * GROUP_M
+    group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + ((pid % num_in_group) % group_size)
+    pid_n = (pid % num_in_group) // group_size
+
+    # int64 from here on: row * stride can pass 2**31 for big operands.
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Wrap out-of-range rows/cols onto valid ones so operand loads need no M/N mask; the
+    # garbage rows/cols they produce are masked at the store.
+    ram = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
+    rbn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+
+    # Each split owns a BLOCK_K-aligned K range.
+    k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_start = pid_k.to(tl.int64) * k_per_split
+    offs_k = tl.arange(0, BLOCK_K)
+    rk = k_start + offs_k
+    if A_K_CONTIG:
+        a_ptrs = a_ptr + ram[:, None] * stride_am + rk[None, :]
+        a_step = BLOCK_K
+    else:
+        a_ptrs = a_ptr + ram[:, None] * stride_am + rk[None, :] * stride_ak
+        a_step = BLOCK_K * stride_ak
+    if B_K_CONTIG:
+        b_ptrs = b_ptr + rk[:, None] + rbn[None, :] * stride_bn
+        b_step = BLOCK_K
+    else:
+        b_ptrs = b_ptr + rk[:, None] * stride_bk + rbn[None, :]
+        b_step = BLOCK_K * stride_bk
+    if not B_K_CONTIG and stride_bn != 1:
+        b_ptrs = b_ptr + rk[:, None] * stride_bk + rbn[None, :] * stride_bn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    n_iters = tl.cdiv(tl.minimum(K - k_start, k_per_split), BLOCK_K)
+    for it in range(0, n_iters):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - k_start - it * BLOCK_K
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0)
+        acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        a_ptrs += a_step
+        b_ptrs += b_step
+
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    mask = mask_m[:, None] & mask_n[None, :]
+    if SPLIT_K == 1:
+        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        if OUT_INT32:
+            tl.store(c_ptrs, acc, mask=mask)
+        else:
+            sa = tl.load(sa_ptr + offs_m * stride_sa, mask=mask_m, other=0.0)
+            sb = tl.load(sb_ptr + offs_n * stride_sb, mask=mask_n, other=0.0)
+            c = acc.to(tl.float32) * sa[:, None] * sb[None, :]
+            if HAS_BIAS:
+                c += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+            tl.store(c_ptrs, c.to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        # int32 partials; summed exactly by _splitk_reduce_kernel before any scaling.
+        ws_ptrs = ws_ptr + pid_k.to(tl.int64) * M * N + offs_m[:, None] * N + offs_n[None, :]
+        tl.store(ws_ptrs, acc, mask=mask)
+
+
+@triton.jit
+def _splitk_reduce_kernel(
+    ws_ptr,
+    c_ptr,
+    sa_ptr,
+    sb_ptr,
+    bias_ptr,
+    M,
+    N,
+    stride_cm,
+    stride_cn,
+    stride_sa,
+    stride_sb,
+    SPLIT_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    OUT_INT32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pid_m = tl.program_id(0).to(tl.int64)
+    pid_n = tl.program_id(1).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    mask = mask_m[:, None] & mask_n[None, :]
+    ws_ptrs = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(ws_ptrs + s * M * N, mask=mask, other=0)
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    if OUT_INT32:
+        tl.store(c_ptrs, acc, mask=mask)
+    else:
+        sa = tl.load(sa_ptr + offs_m * stride_sa, mask=mask_m, other=0.0)
+        sb = tl.load(sb_ptr + offs_n * stride_sb, mask=mask_n, other=0.0)
+        c = acc.to(tl.float32) * sa[:, None] * sb[None, :]
+        if HAS_BIAS:
+            c += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        tl.store(c_ptrs, c.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Config selection
+# ----------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _table() -> TuningTable:
+    return TuningTable.from_json(_TUNING_PATH)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def m_bucket(M: int) -> tuple[int, int]:
+    for lo, hi in _M_BUCKETS:
+        if lo <= M <= hi:
+            return lo, hi
+    return _M_BUCKETS[-1]
+
+
+def _auto_split_k(M: int, N: int, K: int, cfg: dict[str, Any], num_sms: int) -> int:
+    """Enough K splits that the grid covers the SMs ~2x, each split keeping >= 4 K-blocks."""
+    tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
+    k_blocks = triton.cdiv(K, cfg["BLOCK_K"])
+    split = 1
+    while tiles * split < 2 * num_sms and k_blocks // (split * 2) >= 4 and split < 16:
+        split *= 2
+    return split
+
+
+def _config_for(M: int, N: int, K: int, device: torch.device, b_kmajor: bool) -> dict[str, Any]:
+    arch = arch_key(device)
+    if device.type == "cuda" and os.environ.get("INT8_GEMM_AUTOTUNE", "0") not in ("", "0"):
+        cfg = _autotuned(arch, m_bucket(M), N, K, b_kmajor, device.index or 0)
+        if cfg is not None:
+            return dict(cfg)
+    return _table().lookup(arch, M=M, N=N, K=K, b_kmajor=b_kmajor)
+
+
+# Candidate space for the opt-in autotuner (and scripts/tune_int8.py): pruned per M bucket.
+def candidate_configs(M: int, arch: str = "sm90") -> list[dict[str, Any]]:
+    def c(bm, bn, bk, g, sk, w, s):
+        return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=g, SPLIT_K=sk, num_warps=w, num_stages=s)
+
+    if M <= 16:
+        return [
+            c(16, 64, 256, 1, 0, 4, 4),
+            c(16, 128, 256, 1, 0, 4, 4),
+            c(16, 64, 512, 1, 0, 4, 3),
+            c(16, 32, 256, 1, 0, 4, 5),
+            c(16, 64, 128, 1, 0, 4, 6),
+            c(16, 128, 128, 1, 0, 4, 6),
+        ]
+    if M <= 64:
+        return [
+            c(64, 64, 256, 1, 0, 4, 4),
+            c(32, 64, 256, 1, 0, 4, 4),
+            c(64, 128, 128, 1, 0, 4, 5),
+            c(64, 128, 256, 1, 0, 4, 3),
+            c(32, 128, 128, 1, 0, 4, 5),
+        ]
+    if M <= 256:
+        return [
+            c(64, 128, 128, 8, 0, 4, 5),
+            c(128, 128, 128, 8, 0, 8, 4),
+            c(64, 256, 128, 8, 0, 8, 4),
+            c(128, 64, 128, 8, 0, 4, 5),
+            c(128, 128, 128, 8, 1, 8, 4),
+        ]
+    return [
+        c(128, 256, 128, 8, 1, 8, 4),
+        c(128, 256, 128, 8, 1, 8, 3),
+        c(128, 128, 128, 8, 1, 8, 4),
+        c(128, 128, 128, 8, 1, 4, 4),
+        c(256, 128, 128, 8, 1, 8, 4),
+        c(128, 256, 64, 8, 1, 8, 5),
+        c(64, 256, 128, 8, 1, 4, 4),
+    ]
+
+
+_AUTOTUNE_CACHE: dict[tuple, dict[str, Any] | None] = {}
+
+
+def _autotuned(arch, bucket, N, K, b_kmajor, index) -> dict[str, Any] | None:
+    key = (arch, bucket, N, K, b_kmajor)
+    if key in _AUTOTUNE_CACHE:
+        return _AUTOTUNE_CACHE[key]
+    import triton.testing as tt
+
+    M = bucket[0] if bucket[1] - bucket[0] < 1 << 40 and bucket[0] > 1 else max(bucket[0], 1)
+    M = min(max(M, bucket[0]), 4096)
+    dev = torch.device("cuda", index)
+    a = torch.randint(-127, 128, (M, K), dtype=torch.int8, device=dev)
+    w = torch.randint(-127, 128, (N, K), dtype=torch.int8, device=dev)
+    b = w.t() if b_kmajor else w.t().contiguous()
+    sa = torch.rand(M, device=dev)
+    sb = torch.rand(N, device=dev)
+    best, best_ms = None, float("inf")
+    for cfg in candidate_configs(M, arch):
+        try:
+            ms = tt.do_bench(lambda cfg=cfg: _launch(a, b, sa, sb, None, torch.float16, cfg), warmup=5, rep=20)
+        except Exception:  # a config can fail to compile (e.g. shared memory)
+            continue
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    _AUTOTUNE_CACHE[key] = best
+    return best
+
+
+# ----------------------------------------------------------------------------------------------
+# Launch
+# ----------------------------------------------------------------------------------------------
+
+
+def _launch(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    sa: torch.Tensor | None,
+    sb: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    cfg: dict[str, Any] | None = None,
+) -> torch.Tensor:
+    M, K = A.shape
+    N = B.shape[1]
+    out = torch.empty((M, N), dtype=out_dtype, device=A.device)
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        return out.zero_() if bias is None else out.copy_(bias.to(out_dtype).expand(M, N))
+    b_kmajor = B.stride(0) == 1 and B.stride(1) != 1 or N == 1
+    if cfg is None:
+        cfg = _config_for(M, N, K, A.device, b_kmajor)
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    split_k = int(cfg.get("SPLIT_K", 1))
+    if split_k <= 0:
+        split_k = _auto_split_k(M, N, K, cfg, _num_sms(A.device.index or 0) if A.device.type == "cuda" else 4)
+    # Do not split below one K block per split.
+    split_k = max(1, min(split_k, triton.cdiv(K, bk)))
+    out_int32 = out_dtype == torch.int32
+    dummy = out  # never dereferenced when the matching constexpr flag is off
+    sa_t = sa if sa is not None else dummy
+    sb_t = sb if sb is not None else dummy
+    bias_t = bias if bias is not None else dummy
+    ws = torch.empty((split_k, M, N), dtype=torch.int32, device=A.device) if split_k > 1 else dummy
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), split_k)
+    _int8_gemm_kernel[grid](
+        A,
+        B,
+        out,
+        ws,
+        sa_t,
+        sb_t,
+        bias_t,
+        M,
+        N,
+        K,
+        A.stride(0),
+        A.stride(1),
+        B.stride(0),
+        B.stride(1),
+        out.stride(0),
+        out.stride(1),
+        sa.stride(0) if sa is not None else 0,
+        sb.stride(0) if sb is not None else 0,
+        HAS_BIAS=bias is not None,
+        OUT_INT32=out_int32,
+        A_K_CONTIG=A.stride(1) == 1,
+        B_K_CONTIG=B.stride(0) == 1,
+        EVEN_K=K % (bk * split_k) == 0,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=cfg.get("GROUP_M", 8),
+        SPLIT_K=split_k,
+        num_warps=cfg.get("num_warps", 4),
+        num_stages=cfg.get("num_stages", 3),
+    )
+    if split_k > 1:
+        rbm, rbn = 32, 128
+        _splitk_reduce_kernel[(triton.cdiv(M, rbm), triton.cdiv(N, rbn))](
+            ws,
+            out,
+            sa_t,
+            sb_t,
+            bias_t,
+            M,
+            N,
+            out.stride(0),
+            out.stride(1),
+            sa.stride(0) if sa is not None else 0,
+            sb.stride(0) if sb is not None else 0,
+            SPLIT_K=split_k,
+            HAS_BIAS=bias is not None,
+            OUT_INT32=out_int32,
+            BLOCK_M=rbm,
+            BLOCK_N=rbn,
+            num_warps=4,
+        )
+    return out
+
+
+def _gemm_torch(A, B, sa, sb, bias, out_dtype) -> torch.Tensor:
+    """Reference path (CPU without the interpreter). int32 matmul is exact for K < 2**17."""
+    acc = (A.to(torch.int64) @ B.to(torch.int64)).to(torch.int32)
+    if out_dtype == torch.int32:
+        return acc
+    c = acc.to(torch.float32) * sa[:, None] * sb[None, :]
+    if bias is not None:
+        c = c + bias.float()[None, :]
+    return c.to(out_dtype)
+
+
+@torch.library.custom_op("int8_gemm::gemm_dequant", mutates_args=())
+def _gemm_dequant_op(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    sa: torch.Tensor | None,
+    sb: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    if select_backend(A.device) is Backend.TORCH:
+        return _gemm_torch(A, B, sa, sb, bias, out_dtype)
+    return _launch(A, B, sa, sb, bias, out_dtype)
+
+
+@_gemm_dequant_op.register_fake
+def _(A, B, sa, sb, bias, out_dtype):
+    return A.new_empty((A.shape[0], B.shape[1]), dtype=out_dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public entry point + checks
+# ----------------------------------------------------------------------------------------------
+
+
+def _norm_scale(name: str, s: Any, n: int, device: torch.device) -> torch.Tensor:
+    """Scales as a 1-D fp32 vector of length n (a stride-0 view for scalars, no copy)."""
+    if isinstance(s, (int, float)):
+        return torch.full((1,), float(s), dtype=torch.float32, device=device).expand(n)
+    check_tensor(name, s, dtypes=(torch.float32, torch.float16, torch.bfloat16))
+    if s.device != device:
+        raise ValueError(f"{name} is on {s.device} but A_q is on {device}; all tensors must share a device")
+    if s.numel() == 1:
+        return s.reshape(1).float().expand(n)
+    if s.dim() == 1 and s.shape[0] == n:
+        v = s
+    elif s.dim() == 2 and s.shape[0] == n and s.shape[1] == 1:
+        v = s[:, 0]
+    elif s.dim() == 2 and s.shape[0] == 1 and s.shape[1] == n:
+        v = s[0]
+    else:
+        raise ValueError(f"{name} must have shape ({n},), ({n}, 1) or be a scalar, got {tuple(s.shape)}")
+    return v.float() if v.dtype != torch.float32 else v
+
+
+def int8_gemm_dequant_fwd(
+    A_q: torch.Tensor,
+    B_q: torch.Tensor,
+    sa: torch.Tensor | float | None,
+    sb: torch.Tensor | float | None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.float16,
+) -> torch.Tensor:
+    """``(A_q @ B_q) * sa[:, None] * sb[None, :] (+ bias)`` with the int32 accumulator kept on chip.
+
+    A_q: (M, K) int8, B_q: (K, N) int8, any strides (fast: ``B_q = W_q.t()`` of an (N, K) weight).
+    sa: (M,), (M, 1) or scalar; sb: (N,), (1, N), (N, 1) or scalar; bias: (N,).
+    out_dtype: float16 / bfloat16 / float32, or int32 for the raw product (scales and bias None).
+    """
+    check_tensor("A_q", A_q, dtypes=(torch.int8,), rank=2)
+    check_tensor("B_q", B_q, dtypes=(torch.int8,), rank=2)
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"out_dtype must be one of {_OUT_DTYPES}, got {out_dtype}")
+    M, K = A_q.shape
+    if B_q.shape[0] != K:
+        raise ValueError(f"B_q must have shape (K={K}, N) to match A_q {tuple(A_q.shape)}, got {tuple(B_q.shape)}")
+    N = B_q.shape[1]
+    device = check_same_device(A_q=A_q, B_q=B_q, bias=bias)
+    if out_dtype == torch.int32:
+        if sa is not None or sb is not None or bias is not None:
+            raise ValueError("out_dtype=torch.int32 returns the raw product: sa, sb and bias must be None")
+        sa_v = sb_v = None
+    else:
+        if sa is None or sb is None:
+            raise ValueError("sa and sb are required unless out_dtype=torch.int32")
+        sa_v = _norm_scale("sa", sa, M, device)
+        sb_v = _norm_scale("sb", sb, N, device)
+    if bias is not None:
+        check_tensor("bias", bias, dtypes=(torch.float16, torch.bfloat16, torch.float32), rank=1)
+        if bias.shape[0] != N:
+            raise ValueError(f"bias must have shape ({N},), got {tuple(bias.shape)}")
+        if bias.stride(0) != 1:
+            bias = bias.contiguous()
+    select_backend(device)  # raises for unsupported devices
+    return _gemm_dequant_op(A_q, B_q, sa_v, sb_v, bias, out_dtype)

@@ -1,0 +1,185 @@
+"""Symmetric per-row int8 quantization: ``x -> (x_q int8, scale fp32)``.
+
+scale = absmax(row) / 127, x_q = clamp(round_half_even(x / scale), -127, 127).
+
+All-zero rows: absmax is clamped below at ``MIN_ABSMAX`` (1e-30, a normal fp32 number), so
+their scale is 1e-30/127 > 0 and their codes are 0; never NaN/inf. Rows whose absmax is
+below 1e-30 (only reachable from fp32 input) are quantized against 1e-30 instead.
+
+One Triton pass over the input: a tile of rows is loaded once, reduced to its absmax in
+registers and written out as int8. Rows longer than ``_MAX_ONE_PASS`` fall back to a
+two-sweep loop (absmax sweep, then quantize sweep).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._common import Backend, check_tensor, select_backend
+
+MIN_ABSMAX = 1e-30
+_MAX_ONE_PASS = 16384  # longest row held in registers in one go (GPU)
+_MAX_ONE_PASS_INTERP = 4096
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+# Round-half-even without libdevice: adding 1.5 * 2**23 pushes |y| < 2**22 into a binade whose
+# ulp is 1, so the fp32 add itself rounds to the nearest integer (ties to even); subtracting
+# it back is exact. Works identically on GPU and under the interpreter (numpy fp32).
+_RNE_MAGIC = 12582912.0
+
+
+@triton.jit
+def _rne(y):
+    return (y + 12582912.0) - 12582912.0
+
+
+@triton.jit
+def _quantize_rows_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    R,
+    K,
+    stride_xr,
+    stride_xk,
+    stride_qr,
+    MIN_AMAX: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    ONE_PASS: tl.constexpr,
+    X_K_CONTIG: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < R
+    cols = tl.arange(0, BLOCK_K)
+    x_rows = x_ptr + rows[:, None] * stride_xr
+    q_rows = q_ptr + rows[:, None] * stride_qr
+    if X_K_CONTIG:
+        x_cols = cols[None, :]
+    else:
+        x_cols = cols[None, :].to(tl.int64) * stride_xk
+    if ONE_PASS:
+        m = rmask[:, None] & (cols[None, :] < K)
+        x = tl.load(x_rows + x_cols, mask=m, other=0.0).to(tl.float32)
+        amax = tl.maximum(tl.max(tl.abs(x), axis=1), MIN_AMAX)
+        inv = 127.0 / amax
+        q = _rne(x * inv[:, None])
+        q = tl.minimum(tl.maximum(q, -127.0), 127.0)
+        tl.store(q_rows + cols[None, :], q.to(tl.int8), mask=m)
+    else:
+        amax = tl.zeros((BLOCK_R,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            m = rmask[:, None] & (cols[None, :] + k0 < K)
+            if X_K_CONTIG:
+                off = x_cols + k0
+            else:
+                off = x_cols + k0 * stride_xk
+            x = tl.load(x_rows + off, mask=m, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
+        amax = tl.maximum(amax, MIN_AMAX)
+        inv = 127.0 / amax
+        for k0 in range(0, K, BLOCK_K):
+            m = rmask[:, None] & (cols[None, :] + k0 < K)
+            if X_K_CONTIG:
+                off = x_cols + k0
+            else:
+                off = x_cols + k0 * stride_xk
+            x = tl.load(x_rows + off, mask=m, other=0.0).to(tl.float32)
+            q = _rne(x * inv[:, None])
+            q = tl.minimum(tl.maximum(q, -127.0), 127.0)
+            tl.store(q_rows + cols[None, :] + k0, q.to(tl.int8), mask=m)
+    tl.store(s_ptr + rows, amax / 127.0, mask=rmask)
+
+
+def _quantize_rows_torch(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference path (CPU without the interpreter): same math, torch ops."""
+    xf = x2.float()
+    amax = xf.abs().amax(dim=1).clamp_min(MIN_ABSMAX)
+    inv = 127.0 / amax
+    q = torch.round(xf * inv[:, None]).clamp_(-127, 127).to(torch.int8)  # torch.round is half-even
+    return q, amax / 127.0
+
+
+def _launch_quantize_rows(x2: torch.Tensor, max_one_pass: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    R, K = x2.shape
+    q = torch.empty((R, K), dtype=torch.int8, device=x2.device)
+    s = torch.empty((R,), dtype=torch.float32, device=x2.device)
+    if R == 0:
+        return q, s
+    interp = x2.device.type != "cuda"
+    cap = max_one_pass or (_MAX_ONE_PASS_INTERP if interp else _MAX_ONE_PASS)
+    one_pass = K <= cap
+    block_k = triton.next_power_of_2(K) if one_pass else min(cap, 4096)
+    # Several short rows per program keep each program's tile around 2-8K elements.
+    target = 8192 if not interp else 16384
+    block_r = max(1, min(triton.next_power_of_2(R), target // block_k)) if one_pass else 1
+    if interp:
+        num_warps = 4
+    else:
+        num_warps = 4 if block_r * block_k <= 2048 else (8 if block_r * block_k <= 8192 else 16)
+    grid = (triton.cdiv(R, block_r),)
+    _quantize_rows_kernel[grid](
+        x2,
+        q,
+        s,
+        R,
+        K,
+        x2.stride(0),
+        x2.stride(1),
+        q.stride(0),
+        MIN_AMAX=MIN_ABSMAX,
+        BLOCK_R=block_r,
+        BLOCK_K=block_k,
+        ONE_PASS=one_pass,
+        X_K_CONTIG=x2.stride(1) == 1,
+        num_warps=num_warps,
+    )
+    return q, s
+
+
+@torch.library.custom_op("int8_gemm::quantize_rows", mutates_args=())
+def _quantize_rows_op(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if select_backend(x2.device) is Backend.TORCH:
+        return _quantize_rows_torch(x2)
+    return _launch_quantize_rows(x2)
+
+
+@_quantize_rows_op.register_fake
+def _(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    R, K = x2.shape
+    return x2.new_empty((R, K), dtype=torch.int8), x2.new_empty((R,), dtype=torch.float32)
+
+
+def _as_rows(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, list[int]]:
+    """Move ``dim`` last and view as (rows, K) without copying when the strides allow."""
+    xm = x.movedim(dim, -1)
+    moved_shape = list(xm.shape)
+    K = moved_shape[-1]
+    x2 = xm.reshape(-1, K)  # a view whenever possible; kernel takes any 2-D strides
+    return x2, moved_shape
+
+
+def quantize_symmetric(x: torch.Tensor, dim: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row symmetric int8 quantization along ``dim``.
+
+    Returns ``(x_q, scale)``: ``x_q`` int8 with ``x``'s shape (contiguous), ``scale`` fp32 with
+    ``x``'s shape except ``dim`` has size 1 (keepdim), so ``x_q * scale`` dequantizes.
+    ``x ~= x_q * scale`` with ``|x - x_q * scale| <= scale / 2`` per element.
+    """
+    check_tensor("x", x, dtypes=_FLOAT_DTYPES, min_rank=1)
+    if not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim must be an int in [{-x.dim()}, {x.dim() - 1}], got {dim!r}")
+    dim = dim % x.dim()
+    if x.shape[dim] == 0:
+        raise ValueError(f"x must have a non-empty dim {dim}, got shape {tuple(x.shape)}")
+    x2, moved_shape = _as_rows(x, dim)
+    q2, s = _quantize_rows_op(x2)
+    q = q2.view(moved_shape).movedim(-1, dim)
+    if dim != x.dim() - 1:
+        q = q.contiguous()
+    scale_shape = list(x.shape)
+    scale_shape[dim] = 1
+    return q, s.view(scale_shape)
