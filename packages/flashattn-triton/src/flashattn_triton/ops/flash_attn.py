@@ -52,23 +52,54 @@ def _seq_bounds(cu_seqlens, b, n, VARLEN: tl.constexpr):
         end = tl.load(cu_seqlens + b + 1).to(tl.int64)
         return start, (end - start).to(tl.int32)
     else:
-        return tl.zeros((), dtype=tl.int64), n
+        return 0, n
+
+
+@triton.jit
+def _col_mask(offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Mask over the padded head dim; a splat constant when D is a power of two so loads stay vectorised."""
+    if HEAD_DIM == BLOCK_D:
+        ok = tl.full([BLOCK_D], 1, tl.int1)
+    else:
+        ok = offs_d < HEAD_DIM
+    return ok
 
 
 @triton.jit
 def _fwd_block(
-    acc, l_i, m_i, q, k_base, v_base, skn, svn, offs_m, offs_n, offs_d, lo, hi, seqlen_k, diag, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_base,
+    v_base,
+    skn,
+    svn,
+    offs_m,
+    offs_n,
+    offs_d,
+    lo,
+    hi,
+    seqlen_k,
+    diag,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
-    d_ok = offs_d < HEAD_DIM
+    d_ok = _col_mask(offs_d, HEAD_DIM, BLOCK_D)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
         kv_off = cols.to(tl.int64)
         if MASKED:
             n_ok = cols < seqlen_k
-            kt = tl.load(k_base + kv_off[None, :] * skn + offs_d[:, None], mask=d_ok[:, None] & n_ok[None, :], other=0.0)
+            kt = tl.load(
+                k_base + kv_off[None, :] * skn + offs_d[:, None], mask=d_ok[:, None] & n_ok[None, :], other=0.0
+            )
         else:
             kt = tl.load(k_base + kv_off[None, :] * skn + offs_d[:, None], mask=d_ok[:, None], other=0.0)
         s = tl.dot(q, kt, input_precision=DOT_PREC)
@@ -115,14 +146,47 @@ def _causal_ranges(start_m, seqlen_k, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
 
 @triton.jit
 def _attn_fwd_kernel(
-    Q, K, V, O, LSE, cu_q, cu_k,
-    sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som, slb, slh,
-    H, GROUP, Nq, Nk, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    cu_q,
+    cu_k,
+    sqb,
+    sqh,
+    sqm,
+    skb,
+    skh,
+    skn,
+    svb,
+    svh,
+    svn,
+    sob,
+    soh,
+    som,
+    slb,
+    slh,
+    H,
+    GROUP,
+    Nq,
+    Nk,
+    NUM_M,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    VARLEN: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    # 1-D grid (no 65535 limit on B*H); m fastest so neighbours share K/V in L2
+    pid = tl.program_id(0)
+    pid_bh = pid // NUM_M
+    pid_m = pid % NUM_M
+    if CAUSAL:
+        pid_m = NUM_M - 1 - pid_m  # longest rows first: better tail balance
     b = pid_bh // H
     h = pid_bh % H
     hk = h // GROUP
@@ -144,8 +208,10 @@ def _attn_fwd_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     m_ok = offs_m < seqlen_q
-    d_ok = offs_d < HEAD_DIM
-    q = tl.load(q_base + offs_m.to(tl.int64)[:, None] * sqm + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    d_ok = _col_mask(offs_d, HEAD_DIM, BLOCK_D)
+    q = tl.load(
+        q_base + offs_m.to(tl.int64)[:, None] * sqm + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :], other=0.0
+    )
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -153,17 +219,61 @@ def _attn_fwd_kernel(
     full, hi = _causal_ranges(start_m, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
     # off-band tiles: no mask at all
     acc, l_i, m_i = _fwd_block(
-        acc, l_i, m_i, q, k_base, v_base, skn, svn, offs_m, offs_n, offs_d, 0, full, seqlen_k, diag, qk_scale,
-        HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, DOT_PREC,
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_base,
+        v_base,
+        skn,
+        svn,
+        offs_m,
+        offs_n,
+        offs_d,
+        0,
+        full,
+        seqlen_k,
+        diag,
+        qk_scale,
+        HEAD_DIM,
+        BLOCK_N,
+        BLOCK_D,
+        False,
+        CAUSAL,
+        DOT_PREC,
     )
     # diagonal band and ragged tail: masked
     acc, l_i, m_i = _fwd_block(
-        acc, l_i, m_i, q, k_base, v_base, skn, svn, offs_m, offs_n, offs_d, full, hi, seqlen_k, diag, qk_scale,
-        HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, DOT_PREC,
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_base,
+        v_base,
+        skn,
+        svn,
+        offs_m,
+        offs_n,
+        offs_d,
+        full,
+        hi,
+        seqlen_k,
+        diag,
+        qk_scale,
+        HEAD_DIM,
+        BLOCK_N,
+        BLOCK_D,
+        True,
+        CAUSAL,
+        DOT_PREC,
     )
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
-    tl.store(o_base + offs_m.to(tl.int64)[:, None] * som + offs_d[None, :], out.to(O.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+    tl.store(
+        o_base + offs_m.to(tl.int64)[:, None] * som + offs_d[None, :],
+        out.to(O.dtype.element_ty),
+        mask=m_ok[:, None] & d_ok[None, :],
+    )
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
     tl.store(LSE + b64 * slb + h.to(tl.int64) * slh + q_start + offs_m, lse, mask=m_ok)
 
@@ -173,11 +283,33 @@ def _attn_fwd_kernel(
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, OPART, LPART,
-    sqb, sqh, sqm, skb, skh, skn, svb, svh, svn,
-    Hkv, GROUP, Nq, Nk, chunk, num_splits, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
+    Q,
+    K,
+    V,
+    OPART,
+    LPART,
+    sqb,
+    sqh,
+    sqm,
+    skb,
+    skh,
+    skn,
+    svb,
+    svh,
+    svn,
+    Hkv,
+    GROUP,
+    Nq,
+    Nk,
+    chunk,
+    num_splits,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
     """One program: all GROUP*Nq query rows of one KV head against one KV chunk (GQA packing)."""
     pid_bk = tl.program_id(0)
@@ -189,20 +321,19 @@ def _decode_split_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     r_ok = offs_r < R
-    d_ok = offs_d < HEAD_DIM
+    d_ok = _col_mask(offs_d, HEAD_DIM, BLOCK_D)
     head = hk * GROUP + (offs_r // Nq)
     qi = offs_r % Nq
     q = tl.load(
         Q + b * sqb + head[:, None] * sqh + qi.to(tl.int64)[:, None] * sqm + offs_d[None, :],
-        mask=r_ok[:, None] & d_ok[None, :], other=0.0,
+        mask=r_ok[:, None] & d_ok[None, :],
+        other=0.0,
     )
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
     diag = Nk - Nq
     lo = split * chunk
     hi = tl.minimum(lo + chunk, Nk)
-    if CAUSAL:
-        hi = tl.minimum(hi, Nk)  # the last query sees every key; row masks handle the rest
     m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
@@ -226,15 +357,30 @@ def _decode_split_kernel(
         m_i = m_new
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     row = (pid_bk * num_splits + split).to(tl.int64) * R + offs_r
-    tl.store(OPART + row[:, None] * HEAD_DIM + offs_d[None, :], acc / l_safe[:, None], mask=r_ok[:, None] & d_ok[None, :])
+    tl.store(
+        OPART + row[:, None] * HEAD_DIM + offs_d[None, :], acc / l_safe[:, None], mask=r_ok[:, None] & d_ok[None, :]
+    )
     tl.store(LPART + row, m_i + tl.math.log2(l_i), mask=r_ok)  # log2 domain; -inf when empty
 
 
 @triton.jit
 def _decode_combine_kernel(
-    OPART, LPART, O, LSE, sob, soh, som, slb, slh,
-    Hkv, GROUP, Nq, num_splits,
-    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    OPART,
+    LPART,
+    O,
+    LSE,
+    sob,
+    soh,
+    som,
+    slb,
+    slh,
+    Hkv,
+    GROUP,
+    Nq,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)  # over B * Hkv * R rows
     R = GROUP * Nq
@@ -246,7 +392,7 @@ def _decode_combine_kernel(
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_ok = offs_s < num_splits
-    d_ok = offs_d < HEAD_DIM
+    d_ok = _col_mask(offs_d, HEAD_DIM, BLOCK_D)
     row = (pid_bk.to(tl.int64) * num_splits + offs_s) * R + r
     lse = tl.load(LPART + row, mask=s_ok, other=float("-inf"))
     m = tl.max(lse, 0)
@@ -264,14 +410,32 @@ def _decode_combine_kernel(
 
 @triton.jit
 def _bwd_preprocess_kernel(
-    O, DO, DLSE, DELTA, cu_q,
-    sob, soh, som, sdob, sdoh, sdom, slb, slh,
-    H, Nq,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr,
+    O,
+    DO,
+    DLSE,
+    DELTA,
+    cu_q,
+    sob,
+    soh,
+    som,
+    sdob,
+    sdoh,
+    sdom,
+    slb,
+    slh,
+    H,
+    Nq,
+    NUM_M,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    VARLEN: tl.constexpr,
+    HAS_DLSE: tl.constexpr,
 ):
     """delta = rowsum(dO * O) - dLSE (the LSE gradient folds into delta exactly)."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid = tl.program_id(0)
+    pid_bh = pid // NUM_M
+    pid_m = pid % NUM_M
     b = pid_bh // H
     h = (pid_bh % H).to(tl.int64)
     q_start, seqlen_q = _seq_bounds(cu_q, b, Nq, VARLEN)
@@ -284,7 +448,7 @@ def _bwd_preprocess_kernel(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     m_ok = offs_m < seqlen_q
-    mask = m_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+    mask = m_ok[:, None] & _col_mask(offs_d, HEAD_DIM, BLOCK_D)[None, :]
     rows = (q_start + offs_m)[:, None]
     o = tl.load(O + b64 * sob + h * soh + rows * som + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
     do = tl.load(DO + b64 * sdob + h * sdoh + rows * sdom + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -297,10 +461,30 @@ def _bwd_preprocess_kernel(
 
 @triton.jit
 def _bwd_dkdv_block(
-    dk, dv, k, v, q_base, do_base, l_base, d_base, sqm, sdom, offs_n, offs_d, lo, hi, seqlen_q, diag, qk2,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, DOT_PREC: tl.constexpr,
+    dk,
+    dv,
+    k,
+    v,
+    q_base,
+    do_base,
+    l_base,
+    d_base,
+    sqm,
+    sdom,
+    offs_n,
+    offs_d,
+    lo,
+    hi,
+    seqlen_q,
+    diag,
+    qk2,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
-    d_ok = offs_d < HEAD_DIM
+    d_ok = _col_mask(offs_d, HEAD_DIM, BLOCK_D)
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -325,15 +509,55 @@ def _bwd_dkdv_block(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, cu_q, cu_k,
-    sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdom, sdkb, sdkh, sdkn, sdvb, sdvh, sdvn, slb, slh,
-    Hkv, GROUP, Nq, Nk, sm_scale, qk2,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DK,
+    DV,
+    cu_q,
+    cu_k,
+    sqb,
+    sqh,
+    sqm,
+    skb,
+    skh,
+    skn,
+    svb,
+    svh,
+    svn,
+    sdob,
+    sdoh,
+    sdom,
+    sdkb,
+    sdkh,
+    sdkn,
+    sdvb,
+    sdvh,
+    sdvn,
+    slb,
+    slh,
+    Hkv,
+    GROUP,
+    Nq,
+    Nk,
+    NUM_N,
+    sm_scale,
+    qk2,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    VARLEN: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
     """dK, dV for one KV block, summed over every query head of its GQA group (no scratch, no atomics)."""
-    pid_n = tl.program_id(0)
-    pid_bk = tl.program_id(1)
+    pid = tl.program_id(0)
+    pid_bk = pid // NUM_N
+    pid_n = pid % NUM_N  # causal: low n sees the most queries and is scheduled first
     b = pid_bk // Hkv
     hk = pid_bk % Hkv
     q_start, seqlen_q = _seq_bounds(cu_q, b, Nq, VARLEN)
@@ -348,7 +572,7 @@ def _bwd_dkdv_kernel(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     n_ok = offs_n < seqlen_k
-    d_ok = offs_d < HEAD_DIM
+    d_ok = _col_mask(offs_d, HEAD_DIM, BLOCK_D)
     kv_mask = n_ok[:, None] & d_ok[None, :]
     rows_n = (k_start + offs_n)[:, None]
     k = tl.load(K + b64 * skb + hk.to(tl.int64) * skh + rows_n * skn + offs_d[None, :], mask=kv_mask, other=0.0)
@@ -372,24 +596,93 @@ def _bwd_dkdv_kernel(
         d_base = DELTA + b64 * slb + h * slh + q_start
         if CAUSAL:
             dk, dv = _bwd_dkdv_block(
-                dk, dv, k, v, q_base, do_base, l_base, d_base, sqm, sdom, offs_n, offs_d, lo, mid, seqlen_q, diag,
-                qk2, HEAD_DIM, BLOCK_M, True, DOT_PREC,
+                dk,
+                dv,
+                k,
+                v,
+                q_base,
+                do_base,
+                l_base,
+                d_base,
+                sqm,
+                sdom,
+                offs_n,
+                offs_d,
+                lo,
+                mid,
+                seqlen_q,
+                diag,
+                qk2,
+                HEAD_DIM,
+                BLOCK_M,
+                BLOCK_D,
+                True,
+                DOT_PREC,
             )
         dk, dv = _bwd_dkdv_block(
-            dk, dv, k, v, q_base, do_base, l_base, d_base, sqm, sdom, offs_n, offs_d, mid, hi, seqlen_q, diag,
-            qk2, HEAD_DIM, BLOCK_M, False, DOT_PREC,
+            dk,
+            dv,
+            k,
+            v,
+            q_base,
+            do_base,
+            l_base,
+            d_base,
+            sqm,
+            sdom,
+            offs_n,
+            offs_d,
+            mid,
+            hi,
+            seqlen_q,
+            diag,
+            qk2,
+            HEAD_DIM,
+            BLOCK_M,
+            BLOCK_D,
+            False,
+            DOT_PREC,
         )
     dk = dk * sm_scale
-    tl.store(DK + b64 * sdkb + hk.to(tl.int64) * sdkh + rows_n * sdkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + b64 * sdvb + hk.to(tl.int64) * sdvh + rows_n * sdvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+    tl.store(
+        DK + b64 * sdkb + hk.to(tl.int64) * sdkh + rows_n * sdkn + offs_d[None, :],
+        dk.to(DK.dtype.element_ty),
+        mask=kv_mask,
+    )
+    tl.store(
+        DV + b64 * sdvb + hk.to(tl.int64) * sdvh + rows_n * sdvn + offs_d[None, :],
+        dv.to(DV.dtype.element_ty),
+        mask=kv_mask,
+    )
 
 
 @triton.jit
 def _bwd_dq_block(
-    dq, q, do, lse2, delta, k_base, v_base, skn, svn, offs_m, offs_n, offs_d, lo, hi, seqlen_k, diag, qk2,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
+    dq,
+    q,
+    do,
+    lse2,
+    delta,
+    k_base,
+    v_base,
+    skn,
+    svn,
+    offs_m,
+    offs_n,
+    offs_d,
+    lo,
+    hi,
+    seqlen_k,
+    diag,
+    qk2,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
-    d_ok = offs_d < HEAD_DIM
+    d_ok = _col_mask(offs_d, HEAD_DIM, BLOCK_D)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
@@ -416,14 +709,52 @@ def _bwd_dq_block(
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, cu_q, cu_k,
-    sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdom, sdqb, sdqh, sdqm, slb, slh,
-    H, GROUP, Nq, Nk, sm_scale, qk2,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, VARLEN: tl.constexpr, DOT_PREC: tl.constexpr,
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    cu_q,
+    cu_k,
+    sqb,
+    sqh,
+    sqm,
+    skb,
+    skh,
+    skn,
+    svb,
+    svh,
+    svn,
+    sdob,
+    sdoh,
+    sdom,
+    sdqb,
+    sdqh,
+    sdqm,
+    slb,
+    slh,
+    H,
+    GROUP,
+    Nq,
+    Nk,
+    NUM_M,
+    sm_scale,
+    qk2,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    VARLEN: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid = tl.program_id(0)
+    pid_bh = pid // NUM_M
+    pid_m = pid % NUM_M
+    if CAUSAL:
+        pid_m = NUM_M - 1 - pid_m
     b = pid_bh // H
     h = pid_bh % H
     hk = (h // GROUP).to(tl.int64)
@@ -441,7 +772,7 @@ def _bwd_dq_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     m_ok = offs_m < seqlen_q
-    mask = m_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+    mask = m_ok[:, None] & _col_mask(offs_d, HEAD_DIM, BLOCK_D)[None, :]
     rows = (q_start + offs_m)[:, None]
     q = tl.load(Q + b64 * sqb + h * sqh + rows * sqm + offs_d[None, :], mask=mask, other=0.0)
     do = tl.load(DO + b64 * sdob + h * sdoh + rows * sdom + offs_d[None, :], mask=mask, other=0.0)
@@ -454,12 +785,621 @@ def _bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     full, hi = _causal_ranges(start_m, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _bwd_dq_block(
-        dq, q, do, lse2, delta, k_base, v_base, skn, svn, offs_m, offs_n, offs_d, 0, full, seqlen_k, diag, qk2,
-        HEAD_DIM, BLOCK_N, False, CAUSAL, DOT_PREC,
+        dq,
+        q,
+        do,
+        lse2,
+        delta,
+        k_base,
+        v_base,
+        skn,
+        svn,
+        offs_m,
+        offs_n,
+        offs_d,
+        0,
+        full,
+        seqlen_k,
+        diag,
+        qk2,
+        HEAD_DIM,
+        BLOCK_N,
+        BLOCK_D,
+        False,
+        CAUSAL,
+        DOT_PREC,
     )
     dq = _bwd_dq_block(
-        dq, q, do, lse2, delta, k_base, v_base, skn, svn, offs_m, offs_n, offs_d, full, hi, seqlen_k, diag, qk2,
-        HEAD_DIM, BLOCK_N, True, CAUSAL, DOT_PREC,
+        dq,
+        q,
+        do,
+        lse2,
+        delta,
+        k_base,
+        v_base,
+        skn,
+        svn,
+        offs_m,
+        offs_n,
+        offs_d,
+        full,
+        hi,
+        seqlen_k,
+        diag,
+        qk2,
+        HEAD_DIM,
+        BLOCK_N,
+        BLOCK_D,
+        True,
+        CAUSAL,
+        DOT_PREC,
     )
     dq = dq * sm_scale
     tl.store(DQ + b64 * sdqb + h * sdqh + rows * sdqm + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------------------------
+# Configs: shipped per-arch table, opt-in autotune (FLASHATTN_TRITON_AUTOTUNE=1)
+# --------------------------------------------------------------------------------------------
+
+_DTYPE_KEY = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+_AUTOTUNE_CACHE: dict[tuple, dict] = {}
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _dot_prec(dtype: torch.dtype) -> str:
+    # fp32 inputs are computed in true fp32 (no silent TF32 rounding); fp16/bf16 ignore this
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def seqlen_bucket(n: int) -> int:
+    """Power-of-two bucket used as the tuning key (1k, 2k, 4k ...)."""
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def _table_config(kernel: str, arch: str, head_dim: int, causal: bool, seqlen: int, dtype: torch.dtype) -> dict:
+    return _TUNING.lookup(
+        arch,
+        kernel=kernel,
+        head_dim=_block_d(head_dim),
+        causal=bool(causal),
+        seqlen=seqlen_bucket(seqlen),
+        dtype=_DTYPE_KEY[dtype],
+    )
+
+
+def autotune_enabled() -> bool:
+    return os.environ.get("FLASHATTN_TRITON_AUTOTUNE", "0").strip() not in ("", "0")
+
+
+def candidate_configs(kernel: str, head_dim: int, dtype: torch.dtype) -> list[dict]:
+    """The pruned search space (also swept by scripts/tune_flash.py): a few shapes known to suit
+    wgmma/mma tiles, filtered so big head dims and fp32 stay inside shared memory and registers."""
+    bd = _block_d(head_dim)
+    big = bd >= 256 or dtype == torch.float32
+    if kernel == "fwd":
+        space = [
+            (128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3),
+            (128, 32, 4, 3), (128, 64, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3), (64, 32, 4, 2),
+        ]  # fmt: skip
+        return [
+            dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st)
+            for m, n, w, st in space
+            if not (big and (m > 64 or n > 64 or st > 2)) and not (bd >= 128 and n >= 128 and st > 2)
+        ]
+    if kernel == "bwd":
+        space = [
+            (64, 128, 8, 2), (64, 128, 8, 3), (64, 128, 4, 2), (32, 128, 4, 3), (64, 64, 4, 3),
+            (32, 64, 4, 4), (32, 64, 4, 2), (16, 32, 4, 1),
+        ]  # fmt: skip
+        return [
+            dict(BLOCK_M1=m, BLOCK_N1=n, BLOCK_M2=n, BLOCK_N2=m, num_warps=w, num_stages=st)
+            for m, n, w, st in space
+            if not (big and (n > 64 or st > 2))
+        ]
+    if kernel == "decode":
+        return [
+            dict(BLOCK_N=n, num_warps=w, num_stages=st)
+            for n in (32, 64, 128)
+            for w in (4, 8)
+            for st in (2, 3, 4)
+            if not (big and (n > 64 or st > 2))
+        ]
+    raise ValueError(f"unknown kernel {kernel!r}")
+
+
+def _bench(fn) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=5, rep=20)
+
+
+def get_config(
+    kernel: str, device: torch.device, head_dim: int, causal: bool, seqlen: int, dtype: torch.dtype, launch=None
+) -> dict:
+    """Shipped config for this shape; with FLASHATTN_TRITON_AUTOTUNE=1 on a GPU, the best of the pruned space
+    (measured once per (kernel, arch, head dim, causal, seqlen bucket, dtype) through ``launch(config)``)."""
+    arch = arch_key(device)
+    cfg = _table_config(kernel, arch, head_dim, causal, seqlen, dtype)
+    if launch is None or device.type != "cuda" or not autotune_enabled():
+        return cfg
+    key = (kernel, arch, _block_d(head_dim), bool(causal), seqlen_bucket(seqlen), dtype)
+    if key not in _AUTOTUNE_CACHE:
+        best, best_ms = cfg, float("inf")
+        for cand in [cfg] + candidate_configs(kernel, head_dim, dtype):
+            try:
+                ms = _bench(lambda c=cand: launch(c))
+            except Exception:  # out of shared memory / registers for this shape
+                continue
+            if ms < best_ms:
+                best, best_ms = cand, ms
+        _AUTOTUNE_CACHE[key] = best
+    return dict(_AUTOTUNE_CACHE[key])
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+# --------------------------------------------------------------------------------------------
+# Input checks
+# --------------------------------------------------------------------------------------------
+
+
+def _check_head_dim(d: int) -> None:
+    if d < 8 or d > MAX_HEAD_DIM or d % 8:
+        raise ValueError(f"q/k/v head dim must be a multiple of 8 in [8, {MAX_HEAD_DIM}], got {d}")
+
+
+def _check_scale(sm_scale, d: int) -> float:
+    if sm_scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
+        raise TypeError(f"sm_scale must be a float or None, got {type(sm_scale).__name__}")
+    if not math.isfinite(sm_scale):
+        raise ValueError(f"sm_scale must be finite, got {sm_scale}")
+    return float(sm_scale)
+
+
+def check_inputs(q, k, v, sm_scale=None) -> tuple[torch.device, float]:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, dtypes=SUPPORTED_DTYPES, rank=4)
+    device = check_same_device(q=q, k=k, v=v)
+    select_backend(device)  # raises for unsupported device types
+    if k.dtype != q.dtype:
+        raise TypeError(f"k must have the same dtype as q ({q.dtype}), got {k.dtype}")
+    if v.dtype != q.dtype:
+        raise TypeError(f"v must have the same dtype as q ({q.dtype}), got {v.dtype}")
+    B, H, Nq, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if k.shape[0] != B:
+        raise ValueError(f"k batch size {k.shape[0]} does not match q batch size {B}")
+    Hkv = k.shape[1]
+    if Hkv < 1 or H % Hkv:
+        raise ValueError(f"q heads ({H}) must be a multiple of k/v heads ({Hkv})")
+    if k.shape[3] != D:
+        raise ValueError(f"k head dim {k.shape[3]} does not match q head dim {D}")
+    _check_head_dim(D)
+    if Nq < 1 or k.shape[2] < 1:
+        raise ValueError(f"sequence lengths must be >= 1, got q {Nq} and k {k.shape[2]}")
+    return device, _check_scale(sm_scale, D)
+
+
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    # kernels need a unit stride on the head dim (vectorised loads); every other stride is free
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+# --------------------------------------------------------------------------------------------
+# PyTorch reference path (CPU without the interpreter): float32 math, same semantics
+# --------------------------------------------------------------------------------------------
+
+
+def causal_mask(nq: int, nk: int, device=None) -> torch.Tensor:
+    """Bottom-right aligned causal mask (True = visible): query i sees key j iff j <= i + nk - nq."""
+    i = torch.arange(nq, device=device)[:, None]
+    j = torch.arange(nk, device=device)[None, :]
+    return j <= i + (nk - nq)
+
+
+def _ref_scores(q, k, causal, sm_scale):
+    group = q.shape[1] // k.shape[1]
+    kf = k.float().repeat_interleave(group, dim=1)
+    s = torch.matmul(q.float(), kf.transpose(-1, -2)) * sm_scale
+    if causal:
+        s = s.masked_fill(~causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
+    return s
+
+
+def _torch_forward(q, k, v, causal, sm_scale):
+    group = q.shape[1] // k.shape[1]
+    s = _ref_scores(q, k, causal, sm_scale)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    out = torch.matmul(p, v.float().repeat_interleave(group, dim=1))
+    return out.to(q.dtype), lse
+
+
+def _torch_backward(do, q, k, v, out, lse, dlse, causal, sm_scale):
+    B, Hkv, Nk, D = k.shape
+    group = q.shape[1] // Hkv
+    s = _ref_scores(q, k, causal, sm_scale)
+    lse_safe = torch.where(torch.isinf(lse), float("inf"), lse)
+    p = torch.exp(s - lse_safe[..., None])
+    dof = do.float()
+    delta = (dof * out.float()).sum(-1)
+    if dlse is not None:
+        delta = delta - dlse.float()
+    vf = v.float().repeat_interleave(group, dim=1)
+    kf = k.float().repeat_interleave(group, dim=1)
+    dp = torch.matmul(dof, vf.transpose(-1, -2))
+    ds = p * (dp - delta[..., None])
+    dq = torch.matmul(ds, kf) * sm_scale
+    dk = (torch.matmul(ds.transpose(-1, -2), q.float()) * sm_scale).view(B, Hkv, group, Nk, D).sum(2)
+    dv = torch.matmul(p.transpose(-1, -2), dof).view(B, Hkv, group, Nk, D).sum(2)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------
+
+
+def use_decode_path(q: torch.Tensor, k: torch.Tensor) -> bool:
+    _, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    # split-KV with GQA packing reads each K/V tile once per group (the regular grid reads it once per
+    # query head) and fills the GPU even for B=1; at large batch it simply picks one split
+    rows = max(16, triton.next_power_of_2((H // Hkv) * Nq))
+    return Nq <= DECODE_MAX_NQ and Nk >= DECODE_MIN_NK and rows * _block_d(D) <= 128 * 128
+
+
+def _fwd_launch(q, k, v, out, lse, causal, sm_scale, cfg, cu_q=None, cu_k=None, max_q=None, max_k=None):
+    varlen = cu_q is not None
+    if varlen:
+        B = cu_q.numel() - 1
+        _, H, D = q.shape
+        Hkv = k.shape[1]
+        Nq, Nk = max_q, max_k
+        sq = (0, q.stride(1), q.stride(0))
+        sk = (0, k.stride(1), k.stride(0))
+        sv = (0, v.stride(1), v.stride(0))
+        so = (0, out.stride(1), out.stride(0))
+        sl = (0, lse.stride(0))
+    else:
+        B, H, Nq, D = q.shape
+        Hkv, Nk = k.shape[1], k.shape[2]
+        sq, sk, sv = q.stride()[:3], k.stride()[:3], v.stride()[:3]
+        so = out.stride()[:3]
+        sl = lse.stride()[:2]
+    bm = cfg["BLOCK_M"]
+    num_m = triton.cdiv(Nq, bm)
+    _attn_fwd_kernel[(num_m * B * H,)](
+        q,
+        k,
+        v,
+        out,
+        lse,
+        cu_q,
+        cu_k,
+        *sq,
+        *sk,
+        *sv,
+        *so,
+        *sl,
+        H,
+        H // Hkv,
+        Nq,
+        Nk,
+        num_m,
+        sm_scale * LOG2E,
+        HEAD_DIM=D,
+        BLOCK_M=bm,
+        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_D=_block_d(D),
+        CAUSAL=bool(causal),
+        VARLEN=varlen,
+        DOT_PREC=_dot_prec(q.dtype),
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+
+
+def decode_num_splits(device: torch.device, batch_kv_heads: int, nk: int, block_n: int) -> int:
+    """Enough KV splits that B*Hkv*splits covers ~2 waves of SMs, each split >= 2 KV tiles."""
+    n_blocks = triton.cdiv(nk, block_n)
+    want = triton.cdiv(2 * _num_sms(device), batch_kv_heads)
+    return max(1, min(want, triton.cdiv(n_blocks, 2), 256))
+
+
+def _decode_launch(q, k, v, out, lse, causal, sm_scale, cfg, num_splits=None):
+    B, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    group = H // Hkv
+    bn = cfg["BLOCK_N"]
+    if num_splits is None:
+        num_splits = decode_num_splits(q.device, B * Hkv, Nk, bn)
+    chunk = triton.cdiv(triton.cdiv(Nk, num_splits), bn) * bn
+    num_splits = triton.cdiv(Nk, chunk)
+    R = group * Nq
+    opart = torch.empty((B * Hkv, num_splits, R, D), device=q.device, dtype=torch.float32)
+    lpart = torch.empty((B * Hkv, num_splits, R), device=q.device, dtype=torch.float32)
+    bd = _block_d(D)
+    _decode_split_kernel[(B * Hkv, num_splits)](
+        q,
+        k,
+        v,
+        opart,
+        lpart,
+        *q.stride()[:3],
+        *k.stride()[:3],
+        *v.stride()[:3],
+        Hkv,
+        group,
+        Nq,
+        Nk,
+        chunk,
+        num_splits,
+        sm_scale * LOG2E,
+        HEAD_DIM=D,
+        BLOCK_R=max(16, triton.next_power_of_2(R)),
+        BLOCK_N=bn,
+        BLOCK_D=bd,
+        CAUSAL=bool(causal),
+        DOT_PREC=_dot_prec(q.dtype),
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    _decode_combine_kernel[(B * Hkv * R,)](
+        opart,
+        lpart,
+        out,
+        lse,
+        *out.stride()[:3],
+        *lse.stride()[:2],
+        Hkv,
+        group,
+        Nq,
+        num_splits,
+        HEAD_DIM=D,
+        BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+        BLOCK_D=bd,
+        num_warps=4 if bd >= 128 else 2,
+    )
+
+
+def _forward_impl(q, k, v, causal, sm_scale, force_decode=None):
+    q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
+    backend = select_backend(q.device)
+    if backend == Backend.TORCH:
+        out, lse = _torch_forward(q, k, v, causal, sm_scale)
+        return out.contiguous(), lse.contiguous()
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    out = torch.empty_like(q) if q.stride(-1) == 1 else torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
+    decode = use_decode_path(q, k) if force_decode is None else force_decode
+    if decode:
+        launch = lambda c: _decode_launch(q, k, v, out, lse, causal, sm_scale, c)
+        launch(get_config("decode", q.device, D, causal, Nk, q.dtype, launch))
+    else:
+        launch = lambda c: _fwd_launch(q, k, v, out, lse, causal, sm_scale, c)
+        launch(get_config("fwd", q.device, D, causal, max(Nq, Nk), q.dtype, launch))
+    return out, lse
+
+
+def _backward_launch(
+    do, q, k, v, out, lse, dlse, dq, dk, dv, causal, sm_scale, cfg, cu_q=None, cu_k=None, max_q=None, max_k=None
+):
+    varlen = cu_q is not None
+    if varlen:
+        B = cu_q.numel() - 1
+        _, H, D = q.shape
+        Hkv = k.shape[1]
+        Nq, Nk = max_q, max_k
+
+        def st(t):
+            return (0, t.stride(1), t.stride(0))
+
+        sl = (0, lse.stride(0))
+    else:
+        B, H, Nq, D = q.shape
+        Hkv, Nk = k.shape[1], k.shape[2]
+
+        def st(t):
+            return t.stride()[:3]
+
+        sl = lse.stride()[:2]
+    group = H // Hkv
+    bd = _block_d(D)
+    delta = torch.empty_like(lse)
+    pre_bm = 64
+    num_pre = triton.cdiv(Nq, pre_bm)
+    _bwd_preprocess_kernel[(num_pre * B * H,)](
+        out,
+        do,
+        dlse if dlse is not None else lse,
+        delta,
+        cu_q,
+        *st(out),
+        *st(do),
+        *sl,
+        H,
+        Nq,
+        num_pre,
+        HEAD_DIM=D,
+        BLOCK_M=pre_bm,
+        BLOCK_D=bd,
+        VARLEN=varlen,
+        HAS_DLSE=dlse is not None,
+    )
+    prec = _dot_prec(q.dtype)
+    num_n = triton.cdiv(Nk, cfg["BLOCK_N1"])
+    _bwd_dkdv_kernel[(num_n * B * Hkv,)](
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dk,
+        dv,
+        cu_q,
+        cu_k,
+        *st(q),
+        *st(k),
+        *st(v),
+        *st(do),
+        *st(dk),
+        *st(dv),
+        *sl,
+        Hkv,
+        group,
+        Nq,
+        Nk,
+        num_n,
+        sm_scale,
+        sm_scale * LOG2E,
+        HEAD_DIM=D,
+        BLOCK_M=cfg["BLOCK_M1"],
+        BLOCK_N=cfg["BLOCK_N1"],
+        BLOCK_D=bd,
+        CAUSAL=bool(causal),
+        VARLEN=varlen,
+        DOT_PREC=prec,
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    num_m = triton.cdiv(Nq, cfg["BLOCK_M2"])
+    _bwd_dq_kernel[(num_m * B * H,)](
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dq,
+        cu_q,
+        cu_k,
+        *st(q),
+        *st(k),
+        *st(v),
+        *st(do),
+        *st(dq),
+        *sl,
+        H,
+        group,
+        Nq,
+        Nk,
+        num_m,
+        sm_scale,
+        sm_scale * LOG2E,
+        HEAD_DIM=D,
+        BLOCK_M=cfg["BLOCK_M2"],
+        BLOCK_N=cfg["BLOCK_N2"],
+        BLOCK_D=bd,
+        CAUSAL=bool(causal),
+        VARLEN=varlen,
+        DOT_PREC=prec,
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+
+
+def _backward_impl(do, q, k, v, out, lse, dlse, causal, sm_scale):
+    do, q, k, v, out = (_unit_last(t) for t in (do, q, k, v, out))
+    if select_backend(q.device) == Backend.TORCH:
+        return _torch_backward(do, q, k, v, out, lse, dlse, causal, sm_scale)
+    lse = lse.contiguous()
+    dlse = dlse.contiguous() if dlse is not None else None
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    D = q.shape[-1]
+    launch = lambda c: _backward_launch(do, q, k, v, out, lse, dlse, dq, dk, dv, causal, sm_scale, c)
+    launch(get_config("bwd", q.device, D, causal, max(q.shape[2], k.shape[2]), q.dtype, launch))
+    return dq, dk, dv
+
+
+# --------------------------------------------------------------------------------------------
+# torch.library custom ops + autograd
+# --------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("flashattn_triton::flash_attn_fwd", mutates_args=())
+def flash_attn_fwd_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward_impl(q, k, v, causal, sm_scale)
+
+
+@flash_attn_fwd_op.register_fake
+def _(q, k, v, causal, sm_scale):
+    B, H, Nq, _ = q.shape
+    out = torch.empty_like(q) if q.stride(-1) == 1 else q.new_empty(q.shape)
+    return out, q.new_empty((B, H, Nq), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashattn_triton::flash_attn_bwd", mutates_args=())
+def flash_attn_bwd_op(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    dlse: torch.Tensor | None,
+    causal: bool,
+    sm_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward_impl(do, q, k, v, out, lse, dlse, causal, sm_scale)
+
+
+@flash_attn_bwd_op.register_fake
+def _(do, q, k, v, out, lse, dlse, causal, sm_scale):
+    def like(t):
+        return torch.empty_like(t) if t.stride(-1) == 1 else t.new_empty(t.shape)
+
+    return like(q), like(k), like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, sm_scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.sm_scale = causal, sm_scale
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = flash_attn_bwd_op(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.sm_scale)
+    return dq, dk, dv, None, None
+
+
+flash_attn_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def flash_attn_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    sm_scale: float | None = None,
+    return_lse: bool = False,
+):
+    """Attention ``softmax(q k^T * sm_scale [+ mask]) v``; differentiable in q, k, v (and through the LSE).
+
+    q ``(B, H, Nq, D)``, k/v ``(B, Hkv, Nk, D)`` with ``H % Hkv == 0`` (GQA/MQA), fp16/bf16/fp32, D a
+    multiple of 8 up to 256, any strides. ``causal`` is bottom-right aligned (query i sees keys
+    ``<= i + Nk - Nq``); this equals SDPA's ``is_causal`` only when Nq == Nk. Returns ``out`` (same
+    shape/dtype as q), plus the natural-log LSE ``(B, H, Nq)`` fp32 when ``return_lse``.
+    """
+    _, scale = check_inputs(q, k, v, sm_scale)
+    out, lse = flash_attn_fwd_op(q, k, v, bool(causal), scale)
+    return (out, lse) if return_lse else out

@@ -29,6 +29,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # host-side TMA descriptors (Triton >= 3.4); the TMA variant is skipped without them
+    from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
+except ImportError:  # pragma: no cover
+    _TensorDescriptor = None
+
 from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.int32)
@@ -37,11 +42,46 @@ _M_BUCKETS = ((1, 16), (17, 64), (65, 256), (257, 1024), (1025, 1 << 62))
 
 
 @triton.jit
+def _epilogue(
+    acc,
+    c_ptr,
+    sa_ptr,
+    sb_ptr,
+    bias_ptr,
+    offs_m,
+    offs_n,
+    M,
+    N,
+    stride_cm,
+    stride_cn,
+    stride_sa,
+    stride_sb,
+    HAS_BIAS: tl.constexpr,
+    OUT_INT32: tl.constexpr,
+):
+    """int32 tile -> (acc * sa * sb + bias) in the output dtype, masked store. offs_* are int64."""
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    mask = mask_m[:, None] & mask_n[None, :]
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    if OUT_INT32:
+        tl.store(c_ptrs, acc, mask=mask)
+    else:
+        sa = tl.load(sa_ptr + offs_m * stride_sa, mask=mask_m, other=0.0)
+        sb = tl.load(sb_ptr + offs_n * stride_sb, mask=mask_n, other=0.0)
+        c = acc.to(tl.float32) * sa[:, None] * sb[None, :]
+        if HAS_BIAS:
+            c += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        tl.store(c_ptrs, c.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _int8_gemm_kernel(
     a_ptr,
     b_ptr,
     c_ptr,
     ws_ptr,
+    cnt_ptr,
     sa_ptr,
     sb_ptr,
     bias_ptr,
@@ -60,12 +100,14 @@ def _int8_gemm_kernel(
     OUT_INT32: tl.constexpr,
     A_K_CONTIG: tl.constexpr,
     B_K_CONTIG: tl.constexpr,
+    B_N_CONTIG: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -79,33 +121,38 @@ def _int8_gemm_kernel(
     pid_m = first_m + ((pid % num_in_group) % group_size)
     pid_n = (pid % num_in_group) // group_size
 
-    # int64 from here on: row * stride can pass 2**31 for big operands.
-    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Indices fit in int32 (each dim < 2**31); they become int64 before any stride product,
+    # which can pass 2**31 for big operands. (An int64 `%` would be a slow call per element.)
+    offs_m32 = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n32 = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     # Wrap out-of-range rows/cols onto valid ones so operand loads need no M/N mask; the
     # garbage rows/cols they produce are masked at the store.
-    ram = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
-    rbn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    ram = tl.max_contiguous(tl.multiple_of(offs_m32 % M, BLOCK_M), BLOCK_M).to(tl.int64)
+    rbn = tl.max_contiguous(tl.multiple_of(offs_n32 % N, BLOCK_N), BLOCK_N).to(tl.int64)
+    offs_m = offs_m32.to(tl.int64)
+    offs_n = offs_n32.to(tl.int64)
 
     # Each split owns a BLOCK_K-aligned K range.
     k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
     k_start = pid_k.to(tl.int64) * k_per_split
     offs_k = tl.arange(0, BLOCK_K)
     rk = k_start + offs_k
+    blk = tl.full((), BLOCK_K, tl.int64)  # int64 pointer steps
     if A_K_CONTIG:
         a_ptrs = a_ptr + ram[:, None] * stride_am + rk[None, :]
-        a_step = BLOCK_K
+        a_step = blk
     else:
         a_ptrs = a_ptr + ram[:, None] * stride_am + rk[None, :] * stride_ak
-        a_step = BLOCK_K * stride_ak
-    if B_K_CONTIG:
+        a_step = blk * stride_ak
+    if B_K_CONTIG:  # K-major B (W.t()): the fast layout
         b_ptrs = b_ptr + rk[:, None] + rbn[None, :] * stride_bn
-        b_step = BLOCK_K
-    else:
+        b_step = blk
+    elif B_N_CONTIG:  # row-major (K, N) B
         b_ptrs = b_ptr + rk[:, None] * stride_bk + rbn[None, :]
-        b_step = BLOCK_K * stride_bk
-    if not B_K_CONTIG and stride_bn != 1:
+        b_step = blk * stride_bk
+    else:
         b_ptrs = b_ptr + rk[:, None] * stride_bk + rbn[None, :] * stride_bn
+        b_step = blk * stride_bk
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     n_iters = tl.cdiv(tl.minimum(K - k_start, k_per_split), BLOCK_K)
@@ -121,24 +168,90 @@ def _int8_gemm_kernel(
         a_ptrs += a_step
         b_ptrs += b_step
 
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    mask = mask_m[:, None] & mask_n[None, :]
     if SPLIT_K == 1:
-        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-        if OUT_INT32:
-            tl.store(c_ptrs, acc, mask=mask)
-        else:
-            sa = tl.load(sa_ptr + offs_m * stride_sa, mask=mask_m, other=0.0)
-            sb = tl.load(sb_ptr + offs_n * stride_sb, mask=mask_n, other=0.0)
-            c = acc.to(tl.float32) * sa[:, None] * sb[None, :]
-            if HAS_BIAS:
-                c += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-            tl.store(c_ptrs, c.to(c_ptr.dtype.element_ty), mask=mask)
+        _epilogue(
+            acc, c_ptr, sa_ptr, sb_ptr, bias_ptr, offs_m, offs_n, M, N,
+            stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32,
+        )  # fmt: skip
     else:
-        # int32 partials; summed exactly by _splitk_reduce_kernel before any scaling.
-        ws_ptrs = ws_ptr + pid_k.to(tl.int64) * M * N + offs_m[:, None] * N + offs_n[None, :]
-        tl.store(ws_ptrs, acc, mask=mask)
+        # int32 partials, summed exactly before any scaling.
+        mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+        ws_tile = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
+        tl.store(ws_tile + pid_k.to(tl.int64) * M * N, acc, mask=mask)
+        if FUSED_REDUCE:
+            # The last of the SPLIT_K programs of this tile to arrive sums the partials and runs
+            # the epilogue: one launch instead of two (decode shapes are launch-bound).
+            # The barrier orders every thread's partial store before the atomic's release.
+            tl.debug_barrier()
+            arrived = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                tl.debug_barrier()
+                plane = (tl.full((), 0, tl.int64) + M) * N  # int64: M*N can pass 2**31
+                part_ptrs = ws_tile
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+                for _ in range(0, SPLIT_K):  # own partial included: simpler than masking it out
+                    # .cg: read through L2, where the other SMs' partials are.
+                    acc += tl.load(part_ptrs, mask=mask, other=0, cache_modifier=".cg")
+                    part_ptrs += plane
+                _epilogue(
+                    acc, c_ptr, sa_ptr, sb_ptr, bias_ptr, offs_m, offs_n, M, N,
+                    stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32,
+                )  # fmt: skip
+                tl.atomic_xchg(cnt_ptr + pid, 0)  # self-reset for the next launch
+
+
+@triton.jit
+def _int8_gemm_tma_kernel(
+    a_desc,
+    b_desc,
+    c_ptr,
+    sa_ptr,
+    sb_ptr,
+    bias_ptr,
+    M,
+    N,
+    K,
+    stride_cm,
+    stride_cn,
+    stride_sa,
+    stride_sb,
+    HAS_BIAS: tl.constexpr,
+    OUT_INT32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_PROGS: tl.constexpr,
+):
+    """TMA variant (SM90+): operand tiles arrive by tensor-memory-accelerator copies (no per-thread
+    address math, out-of-bounds rows/cols/K zero-filled by the hardware). A is (M, K) row-major,
+    b_desc describes the (N, K) K-major weight. With NUM_PROGS < #tiles it is persistent: each
+    program walks tiles NUM_PROGS apart in grouped order."""
+    start = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_in_group = GROUP_M * num_pid_n
+    for tile in range(start, num_tiles, NUM_PROGS):
+        group_id = tile // num_in_group
+        first_m = group_id * GROUP_M
+        group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
+        pid_m = first_m + ((tile % num_in_group) % group_size)
+        pid_n = (tile % num_in_group) // group_size
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        for ki in range(0, k_tiles):
+            a = a_desc.load([off_m, ki * BLOCK_K])
+            b = b_desc.load([off_n, ki * BLOCK_K])
+            acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
+        offs_m = tl.arange(0, BLOCK_M).to(tl.int64) + off_m
+        offs_n = tl.arange(0, BLOCK_N).to(tl.int64) + off_n
+        _epilogue(
+            acc, c_ptr, sa_ptr, sb_ptr, bias_ptr, offs_m, offs_n, M, N,
+            stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -164,23 +277,17 @@ def _splitk_reduce_kernel(
     pid_n = tl.program_id(1).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    mask = mask_m[:, None] & mask_n[None, :]
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     ws_ptrs = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    for s in tl.static_range(SPLIT_K):
-        acc += tl.load(ws_ptrs + s * M * N, mask=mask, other=0)
-    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    if OUT_INT32:
-        tl.store(c_ptrs, acc, mask=mask)
-    else:
-        sa = tl.load(sa_ptr + offs_m * stride_sa, mask=mask_m, other=0.0)
-        sb = tl.load(sb_ptr + offs_n * stride_sb, mask=mask_n, other=0.0)
-        c = acc.to(tl.float32) * sa[:, None] * sb[None, :]
-        if HAS_BIAS:
-            c += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        tl.store(c_ptrs, c.to(c_ptr.dtype.element_ty), mask=mask)
+    plane = (tl.full((), 0, tl.int64) + M) * N  # int64: M*N can pass 2**31
+    for _ in range(0, SPLIT_K):
+        acc += tl.load(ws_ptrs, mask=mask, other=0)
+        ws_ptrs += plane
+    _epilogue(
+        acc, c_ptr, sa_ptr, sb_ptr, bias_ptr, offs_m, offs_n, M, N,
+        stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32,
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -188,12 +295,12 @@ def _splitk_reduce_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _table() -> TuningTable:
     return TuningTable.from_json(_TUNING_PATH)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
@@ -299,6 +406,80 @@ def _autotuned(arch, bucket, N, K, b_kmajor, index) -> dict[str, Any] | None:
 # ----------------------------------------------------------------------------------------------
 
 
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def _tile_counters(device: torch.device, n: int) -> torch.Tensor | None:
+    """Zeroed int32 arrival counters for the fused split-K reduction, one per output tile.
+
+    Kernels reset every counter they touch, so one buffer per (device, stream) is reused
+    forever. Returns None (use the two-kernel reduction) if the buffer would have to be
+    created during CUDA-graph capture.
+    """
+    if device.type == "cuda":
+        key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+        capturing = torch.cuda.is_current_stream_capturing()
+    else:
+        key, capturing = ("cpu",), False
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        if capturing:
+            return None
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
+
+
+def _tma_ok(A: torch.Tensor, B: torch.Tensor) -> bool:
+    """TMA needs 16-byte aligned bases and row strides and unit inner strides (K-major B)."""
+    if _TensorDescriptor is None:
+        return False
+    return (
+        A.stride(1) == 1
+        and B.stride(0) == 1
+        and A.stride(0) % 16 == 0
+        and B.stride(1) % 16 == 0
+        and A.data_ptr() % 16 == 0
+        and B.data_ptr() % 16 == 0
+    )
+
+
+def _launch_tma(A, B, out, sa, sb, bias, cfg, sa_t, sb_t, bias_t) -> None:
+    M, K = A.shape
+    N = B.shape[1]
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    a_desc = _TensorDescriptor(A, [M, K], [A.stride(0), 1], [bm, bk])
+    b_desc = _TensorDescriptor(B.t(), [N, K], [B.stride(1), 1], [bn, bk])  # the (N, K) weight
+    num_tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    progs = num_tiles
+    if cfg.get("PERSISTENT", 0) and A.device.type == "cuda":
+        progs = min(num_tiles, _num_sms(A.device.index or 0) * int(cfg.get("PERSISTENT", 1)))
+    _int8_gemm_tma_kernel[(progs,)](
+        a_desc,
+        b_desc,
+        out,
+        sa_t,
+        sb_t,
+        bias_t,
+        M,
+        N,
+        K,
+        out.stride(0),
+        out.stride(1),
+        sa.stride(0) if sa is not None else 0,
+        sb.stride(0) if sb is not None else 0,
+        HAS_BIAS=bias is not None,
+        OUT_INT32=out.dtype == torch.int32,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=cfg.get("GROUP_M", 8),
+        NUM_PROGS=progs,
+        num_warps=cfg.get("num_warps", 8),
+        num_stages=cfg.get("num_stages", 3),
+    )
+
+
 def _launch(
     A: torch.Tensor,
     B: torch.Tensor,
@@ -315,7 +496,7 @@ def _launch(
         return out
     if K == 0:
         return out.zero_() if bias is None else out.copy_(bias.to(out_dtype).expand(M, N))
-    b_kmajor = B.stride(0) == 1 and B.stride(1) != 1 or N == 1
+    b_kmajor = B.stride(0) == 1
     if cfg is None:
         cfg = _config_for(M, N, K, A.device, b_kmajor)
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
@@ -329,13 +510,20 @@ def _launch(
     sa_t = sa if sa is not None else dummy
     sb_t = sb if sb is not None else dummy
     bias_t = bias if bias is not None else dummy
+    if cfg.get("TMA", 0) and split_k == 1 and _tma_ok(A, B):
+        _launch_tma(A, B, out, sa, sb, bias, cfg, sa_t, sb_t, bias_t)
+        return out
     ws = torch.empty((split_k, M, N), dtype=torch.int32, device=A.device) if split_k > 1 else dummy
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), split_k)
+    num_tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    counters = _tile_counters(A.device, num_tiles) if split_k > 1 and cfg.get("FUSED_REDUCE", True) else None
+    fused = counters is not None
+    grid = (num_tiles, split_k)
     _int8_gemm_kernel[grid](
         A,
         B,
         out,
         ws,
+        counters if fused else dummy,
         sa_t,
         sb_t,
         bias_t,
@@ -354,16 +542,18 @@ def _launch(
         OUT_INT32=out_int32,
         A_K_CONTIG=A.stride(1) == 1,
         B_K_CONTIG=B.stride(0) == 1,
+        B_N_CONTIG=B.stride(1) == 1,
         EVEN_K=K % (bk * split_k) == 0,
         BLOCK_M=bm,
         BLOCK_N=bn,
         BLOCK_K=bk,
         GROUP_M=cfg.get("GROUP_M", 8),
         SPLIT_K=split_k,
+        FUSED_REDUCE=fused,
         num_warps=cfg.get("num_warps", 4),
         num_stages=cfg.get("num_stages", 3),
     )
-    if split_k > 1:
+    if split_k > 1 and not fused:
         rbm, rbn = 32, 128
         _splitk_reduce_kernel[(triton.cdiv(M, rbm), triton.cdiv(N, rbn))](
             ws,

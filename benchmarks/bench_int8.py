@@ -1,0 +1,125 @@
+"""int8-gemm benchmarks: W8A8 GEMM with fused dequant vs torch._int_mm and cuBLAS fp16/bf16.
+
+Suites (TOPS = 2*M*N*K / time, for every impl):
+* int8-square: M=N=K 1024/2048/4096/8192; ours (fused dequant, K-major B) vs torch._int_mm raw,
+  _int_mm + torch dequant, fp16 and bf16 cuBLAS (torch.matmul). Anchor: bf16 cuBLAS.
+* int8-seed: the seed's table, M=N=K 1024/2048/4096 vs fp16 cuBLAS (anchor).
+* int8-llm: M in {1,16,32,128,1024,4096} x (N,K) in {(4096,4096),(14336,4096),(4096,14336)}:
+  the GEMM alone (pre-quantized x) and Int8Linear end to end (activation quantization included)
+  vs bf16 F.linear (anchor). CUDA-graph replay for M <= 128.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .harness import Record, Suite, smoke_mode
+
+try:
+    import int8_gemm
+except ImportError:  # running from a checkout without the package installed
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages" / "int8-gemm" / "src"))
+    import int8_gemm
+
+
+def _i8(*shape, device):
+    return torch.randint(-127, 128, shape, dtype=torch.int8, device=device)
+
+
+def _square(suite: Suite, sizes, device, seed_table: bool) -> None:
+    for s in sizes:
+        _square_case(suite, s, device, seed_table)
+
+
+def _square_case(suite: Suite, s: int, device, seed_table: bool) -> None:
+    M = N = K = s
+    a, w = _i8(M, K, device=device), _i8(N, K, device=device)
+    b = w.t()  # K-major: the fast layout (cuBLAS int8 also wants it: _int_mm's "TN")
+    sa = torch.rand(M, device=device) * 1e-3 + 1e-4  # realistic: no fp16 overflow
+    sb = torch.rand(N, device=device) * 1e-3 + 1e-4
+    x16, w16 = (
+        torch.randn(M, K, device=device, dtype=torch.float16),
+        torch.randn(K, N, device=device, dtype=torch.float16),
+    )
+    xb, wb = x16.bfloat16(), w16.bfloat16()
+    ours = lambda: int8_gemm.int8_gemm_dequant_fwd(a, b, sa, sb, out_dtype=torch.float16)
+    impls = {"int8_gemm fused dequant": ours, "cublas fp16": lambda: torch.matmul(x16, w16)}
+    if not seed_table:
+        impls |= {
+            "cublas bf16": lambda: torch.matmul(xb, wb),
+            "torch._int_mm raw": lambda: torch._int_mm(a, b),
+            "torch._int_mm + dequant": lambda: (torch._int_mm(a, b).float() * sa[:, None] * sb[None, :]).half(),
+        }
+    suite.compare(
+        f"{M}x{N}x{K}",
+        dict(M=M, N=N, K=K),
+        impls,
+        anchor="cublas fp16" if seed_table else "cublas bf16",
+        flops=2.0 * M * N * K,
+        bytes=float(M * K + K * N + 2 * M * N),
+    )
+
+
+def _llm(suite: Suite, ms, nks, device) -> None:
+    for N, K in nks:
+        _llm_weight(suite, ms, N, K, device)
+
+
+def _llm_weight(suite: Suite, ms, N: int, K: int, device) -> None:
+    w = torch.randn(N, K, device=device, dtype=torch.bfloat16) * 0.02
+    lin = torch.nn.Linear(K, N, bias=False, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+    qlin = int8_gemm.Int8Linear.from_float(lin)
+    for M in ms:
+        _llm_case(suite, M, N, K, w, qlin, device)
+
+
+def _llm_case(suite: Suite, M: int, N: int, K: int, w, qlin, device) -> None:
+    x = torch.randn(M, K, device=device, dtype=torch.bfloat16)
+    x_q, sa = int8_gemm.quantize_symmetric(x)
+    wt = qlin.weight.t()
+    ws = qlin.weight_scale
+    impls = {
+        "bf16 F.linear": lambda x=x: F.linear(x, w),
+        "int8_gemm (pre-quantized x)": lambda x_q=x_q, sa=sa: int8_gemm.int8_gemm_dequant_fwd(
+            x_q, wt, sa, ws, out_dtype=torch.bfloat16
+        ),
+        "Int8Linear e2e": lambda x=x: qlin(x),
+    }
+    if M > 16 and not smoke_mode():
+        impls["torch._int_mm raw"] = lambda x_q=x_q: torch._int_mm(x_q, wt)
+    suite.compare(
+        f"M{M} N{N} K{K}",
+        dict(M=M, N=N, K=K),
+        impls,
+        anchor="bf16 F.linear",
+        flops=2.0 * M * N * K,
+        bytes=float(M * K + N * K + 2 * M * N),  # int8 operands; bf16 anchor moves 2x the weight
+        small=M <= 128,
+    )
+
+
+def run(quick: bool = False, progress=None) -> list[Record]:
+    smoke = smoke_mode()
+    device = "cpu" if smoke else "cuda"
+    torch.manual_seed(0)
+    square = Suite("int8-square", progress=progress)
+    seed = Suite("int8-seed", progress=progress)
+    llm = Suite("int8-llm", progress=progress)
+    if smoke:
+        # Interpreter: seconds, not minutes. fp16/bf16 CPU matmuls stand in for cuBLAS.
+        _square(square, [48], device, seed_table=False)
+        _square(seed, [32], device, seed_table=True)
+        _llm(llm, [1, 20], [(48, 64)], device)
+    else:
+        _square(square, [2048, 4096, 8192] if quick else [1024, 2048, 4096, 8192], device, seed_table=False)
+        _square(seed, [1024, 2048, 4096], device, seed_table=True)
+        ms = [1, 16, 128, 4096] if quick else [1, 16, 32, 128, 1024, 4096]
+        nks = [(4096, 4096), (14336, 4096)] if quick else [(4096, 4096), (14336, 4096), (4096, 14336)]
+        _llm(llm, ms, nks, device)
+    return square.records + seed.records + llm.records

@@ -1,0 +1,343 @@
+"""flash_attn_forward: forward, LSE, backward, GQA, bottom-right causal, decode path, checks, compile.
+
+CPU tests run the Triton kernels under TRITON_INTERPRET=1 (fp16/fp32: bf16 tl.dot is wrong in the
+interpreter), or the PyTorch reference path without it. GPU tests (-m gpu) use real sizes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import warnings
+from pathlib import Path
+
+import flashattn_triton as fa
+import pytest
+import torch
+from flashattn_triton._common import Backend, TuningTable, select_backend
+from flashattn_triton.ops import flash_attn as F
+
+_spec = importlib.util.spec_from_file_location("_fa_ref", Path(__file__).with_name("_ref.py"))
+_ref = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_ref)
+ref_attention, rand = _ref.ref_attention, _ref.rand
+
+# log2(0) for rows that see no key is expected (LSE = -inf)
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+TOL = {torch.float16: 2e-3, torch.float32: 2e-5, torch.bfloat16: 2e-2}
+
+# (B, H, Hkv, Nq, Nk, D): odd sizes, Nq != Nk both ways, GQA, MQA, head dims not powers of two
+SHAPES = [
+    (1, 2, 2, 37, 37, 32),
+    (2, 4, 2, 29, 53, 40),
+    (1, 3, 1, 53, 29, 16),
+    (1, 2, 1, 1, 45, 24),
+    (1, 2, 2, 70, 70, 64),
+]
+
+
+def _close(got, want, tol, name):
+    err = (got.double() - want).abs().max().item()
+    scale = max(want.abs().max().item(), 1.0)
+    assert err <= tol * scale, f"{name}: max abs err {err:.3e} > {tol * scale:.3e}"
+
+
+def _close_lse(got, want, tol):
+    assert torch.equal(torch.isinf(got), torch.isinf(want)), "LSE -inf rows differ"
+    fin = ~torch.isinf(want)
+    _close(got[fin], want[fin], tol, "lse")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_forward_matches_reference(shape, causal, dtype):
+    B, H, Hkv, Nq, Nk, D = shape
+    torch.manual_seed(hash((shape, causal)) % 1000)
+    q, k, v = rand(B, H, Nq, D, dtype=dtype), rand(B, Hkv, Nk, D, dtype=dtype), rand(B, Hkv, Nk, D, dtype=dtype)
+    out, lse = fa.flash_attn_forward(q, k, v, causal=causal, return_lse=True)
+    want, want_lse = ref_attention(q, k, v, causal)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert lse.shape == (B, H, Nq) and lse.dtype == torch.float32
+    _close(out, want, TOL[dtype], "out")
+    _close_lse(lse, want_lse, 1e-5)
+
+
+def test_rows_without_keys_are_zero():
+    # bottom-right causal with Nq > Nk: the first Nq - Nk queries see nothing
+    q, k, v = rand(1, 2, 20, 16), rand(1, 2, 7, 16), rand(1, 2, 7, 16)
+    out, lse = fa.flash_attn_forward(q, k, v, causal=True, return_lse=True)
+    assert torch.all(out[:, :, :13] == 0) and torch.all(torch.isneginf(lse[:, :, :13]))
+    want, _ = ref_attention(q, k, v, True)
+    _close(out, want, 2e-3, "out")
+
+
+def test_sm_scale_and_bnhd_layout_without_copy():
+    B, N, H, D = 2, 33, 4, 32
+    q4, k4, v4 = rand(B, N, H, D), rand(B, N, H, D), rand(B, N, H, D)
+    q, k, v = (t.transpose(1, 2) for t in (q4, k4, v4))  # (B, H, N, D) views, non-contiguous
+    assert not q.is_contiguous()
+    out = fa.flash_attn_forward(q, k, v, causal=True, sm_scale=0.3)
+    want, _ = ref_attention(q, k, v, True, sm_scale=0.3)
+    _close(out, want, 2e-3, "out")
+    assert out.stride() == q.stride()  # output keeps the (B, N, H, D) storage order
+
+
+def test_poisoned_outputs_fully_written():
+    if select_backend(torch.device("cpu")) != Backend.INTERPRETER:
+        pytest.skip("launcher test needs TRITON_INTERPRET=1")
+    B, H, Hkv, Nq, Nk, D = 1, 4, 2, 45, 39, 24
+    q, k, v = rand(B, H, Nq, D), rand(B, Hkv, Nk, D), rand(B, Hkv, Nk, D)
+    cfg = F.get_config("fwd", q.device, D, True, Nk, q.dtype)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((B, H, Nq), float("nan"))
+    F._fwd_launch(q, k, v, out, lse, True, D**-0.5, cfg)
+    want, want_lse = ref_attention(q, k, v, True)
+    _close(out, want, 2e-3, "out")
+    _close_lse(lse, want_lse, 1e-5)
+    do = rand(B, H, Nq, D)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    bcfg = F.get_config("bwd", q.device, D, True, Nk, q.dtype)
+    F._backward_launch(do, q, k, v, out, lse, None, dq, dk, dv, True, D**-0.5, bcfg)
+    assert not any(torch.isnan(t).any() for t in (dq, dk, dv))
+    out2 = torch.full_like(q, float("nan"))
+    lse2 = torch.full((B, H, Nq), float("nan"))
+    F._decode_launch(q, k, v, out2, lse2, True, D**-0.5, F.get_config("decode", q.device, D, True, Nk, q.dtype), 3)
+    _close(out2, want, 2e-3, "decode out")
+    _close_lse(lse2, want_lse, 1e-5)
+
+
+def _grads(q, k, v, causal, do, dlse=None, impl=None):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    if impl is None:
+        out, lse = fa.flash_attn_forward(q, k, v, causal=causal, return_lse=True)
+    else:
+        out, lse = impl(q, k, v, causal)
+    loss = (out * do.to(out.dtype)).sum()
+    if dlse is not None:
+        loss = loss + (torch.where(torch.isinf(lse), 0.0, lse) * dlse.to(lse.dtype)).sum()
+    loss.backward()
+    return q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[2], (1, 2, 1, 40, 40, 24)])
+def test_backward_matches_reference(shape, causal, dtype):
+    B, H, Hkv, Nq, Nk, D = shape
+    torch.manual_seed(7)
+    q, k, v = rand(B, H, Nq, D, dtype=dtype), rand(B, Hkv, Nk, D, dtype=dtype), rand(B, Hkv, Nk, D, dtype=dtype)
+    do = rand(B, H, Nq, D, dtype=dtype)
+    got = _grads(q, k, v, causal, do)
+    want = _grads(q, k, v, causal, do, impl=ref_attention)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert g.dtype == dtype
+        _close(g, w, 2 * TOL[dtype], name)
+
+
+def test_backward_through_lse():
+    torch.manual_seed(3)
+    q, k, v = rand(1, 4, 21, 16), rand(1, 2, 30, 16), rand(1, 2, 30, 16)
+    do, dlse = rand(1, 4, 21, 16), torch.randn(1, 4, 21)
+    got = _grads(q, k, v, True, do, dlse)
+    want = _grads(q, k, v, True, do, dlse, impl=ref_attention)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        _close(g, w, 4e-3, name)
+
+
+def test_torch_reference_path(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert select_backend(torch.device("cpu")) == Backend.TORCH
+    torch.manual_seed(5)
+    q, k, v = rand(1, 4, 19, 24), rand(1, 2, 26, 24), rand(1, 2, 26, 24)
+    out, lse = fa.flash_attn_forward(q, k, v, causal=True, return_lse=True)
+    want, want_lse = ref_attention(q, k, v, True)
+    _close(out, want, 2e-3, "out")
+    _close_lse(lse, want_lse, 1e-5)
+    do, dlse = rand(1, 4, 19, 24), torch.randn(1, 4, 19)
+    got = _grads(q, k, v, True, do, dlse)
+    want = _grads(q, k, v, True, do, dlse, impl=ref_attention)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        _close(g, w, 4e-3, name)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("nq,group", [(1, 4), (3, 2), (16, 1)])
+def test_decode_path_selected_and_correct(monkeypatch, nq, group, causal):
+    monkeypatch.setattr(F, "DECODE_MIN_NK", 64)
+    Hkv, Nk, D = 2, 97, 32
+    torch.manual_seed(11)
+    q, k, v = rand(1, Hkv * group, nq, D), rand(1, Hkv, Nk, D), rand(1, Hkv, Nk, D)
+    assert F.use_decode_path(q, k)
+    assert not F.use_decode_path(rand(1, 2, 17, D), k)  # too many queries
+    out, lse = fa.flash_attn_forward(q, k, v, causal=causal, return_lse=True)
+    want, want_lse = ref_attention(q, k, v, causal)
+    _close(out, want, 2e-3, "out")
+    _close_lse(lse, want_lse, 1e-5)
+    # gradients still flow (the backward uses the LSE the decode combine wrote)
+    do = rand(*q.shape)
+    want = _grads(q, k, v, causal, do, impl=ref_attention)
+    for name, g, w in zip(("dq", "dk", "dv"), _grads(q, k, v, causal, do), want):
+        _close(g, w, 4e-3, name)
+
+
+def test_decode_num_splits_fills_the_gpu():
+    dev = torch.device("cpu")
+    s = F.decode_num_splits(dev, 8, 32768, 64)
+    assert 8 * s >= 2 * F._num_sms(dev)
+    assert F.decode_num_splits(dev, 8, 64, 64) == 1  # never split below two tiles per split
+
+
+def test_tuning_table_covers_every_supported_shape():
+    table = TuningTable.from_json(Path(F.__file__).resolve().parent.parent / "tuning.json")
+    assert {"sm90", "sm86", "cpu"} <= set(table.table)
+    for arch in ("sm90", "sm86", "sm89", "sm100", "cpu"):
+        for kernel in ("fwd", "bwd", "decode"):
+            for d in range(8, 257, 8):
+                for dtype in (torch.float16, torch.bfloat16, torch.float32):
+                    for causal in (False, True):
+                        cfg = F._table_config(kernel, arch, d, causal, 4096, dtype)
+                        assert cfg["num_warps"] in (1, 2, 4, 8) and cfg["num_stages"] >= 1
+    for kernel in ("fwd", "bwd", "decode"):
+        assert F.candidate_configs(kernel, 128, torch.bfloat16)
+        assert all(c.get("BLOCK_N", 64) <= 64 for c in F.candidate_configs(kernel, 256, torch.bfloat16))
+
+
+def test_autotune_flag_is_ignored_off_gpu(monkeypatch):
+    monkeypatch.setenv("FLASHATTN_TRITON_AUTOTUNE", "1")
+    assert F.autotune_enabled()
+    called = []
+    cfg = F.get_config("fwd", torch.device("cpu"), 64, False, 100, torch.float16, launch=called.append)
+    assert cfg == F._table_config("fwd", "cpu", 64, False, 100, torch.float16) and not called
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, word",
+    [
+        (dict(q=rand(1, 2, 8, 16, dtype=torch.float64)), TypeError, "q"),
+        (dict(k=rand(1, 2, 8, 16, dtype=torch.float32)), TypeError, "k"),
+        (dict(v=rand(1, 2, 8)), ValueError, "v"),
+        (dict(q=[1.0]), TypeError, "q"),
+        (dict(k=rand(2, 2, 8, 16), v=rand(2, 2, 8, 16)), ValueError, "batch"),
+        (dict(q=rand(1, 3, 8, 16)), ValueError, "multiple"),
+        (dict(q=rand(1, 2, 8, 12), k=rand(1, 2, 8, 12), v=rand(1, 2, 8, 12)), ValueError, "head dim"),
+        (dict(q=rand(1, 2, 8, 264), k=rand(1, 2, 8, 264), v=rand(1, 2, 8, 264)), ValueError, "head dim"),
+        (dict(k=rand(1, 2, 8, 24), v=rand(1, 2, 8, 24)), ValueError, "head dim"),
+        (dict(v=rand(1, 2, 9, 16)), ValueError, "same shape"),
+        (dict(v=torch.empty(1, 2, 8, 16, dtype=torch.float16, device="meta")), ValueError, "v"),
+        (dict(sm_scale="x"), TypeError, "sm_scale"),
+    ],
+)
+def test_bad_inputs_name_the_argument(kwargs, exc, word):
+    args = dict(q=rand(1, 2, 8, 16), k=rand(1, 2, 8, 16), v=rand(1, 2, 8, 16))
+    args.update(kwargs)
+    with pytest.raises(exc, match=word):
+        fa.flash_attn_forward(**args)
+
+
+def test_torch_compile_fullgraph_no_graph_break():
+    q, k, v = rand(1, 4, 17, 16, requires_grad=True), rand(1, 2, 17, 16), rand(1, 2, 17, 16)
+
+    def block(q, k, v):
+        return fa.flash_attn_forward(q * 2, k, v, causal=True).float().sum()
+
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = compiled(q, k, v)
+    got.backward()
+    g1 = q.grad.clone()
+    q.grad = None
+    want = block(q, k, v)
+    want.backward()
+    assert math.isclose(got.item(), want.item(), rel_tol=1e-4)
+    _close(g1, q.grad.double(), 1e-3, "dq")
+
+
+def test_custom_op_passes_opcheck():
+    q, k, v = rand(1, 2, 9, 16), rand(1, 1, 11, 16), rand(1, 1, 11, 16)
+    torch.library.opcheck(
+        torch.ops.flashattn_triton.flash_attn_fwd.default,
+        (q, k, v, True, 0.25),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+
+
+# ------------------------------------------------------------------------------------------ GPU
+
+
+def _rel(got, want):
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 128, 256, 80])
+@pytest.mark.parametrize("N", [1000, 4096, 8192])
+def test_gpu_fwd_bwd_vs_fp32(N, D, causal, dtype):
+    if N == 8192 and D == 256:
+        N = 4096  # keep the fp32 reference's N x N matrix small
+    torch.manual_seed(0)
+    dev = "cuda"
+    B, H, Hkv = 1, 4, 2
+    q, k, v = (rand(B, h, N, D, dtype=dtype, device=dev) for h in (H, Hkv, Hkv))
+    do = rand(B, H, N, D, dtype=dtype, device=dev)
+    got = _grads(q, k, v, causal, do)
+    out = fa.flash_attn_forward(q, k, v, causal=causal)
+    want_out, _ = ref_attention(q, k, v, causal, dtype=torch.float32)
+    ref32 = lambda *a: ref_attention(*a, dtype=torch.float32)
+    want = _grads(q.float(), k.float(), v.float(), causal, do.float(), impl=ref32)
+    tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
+    assert _rel(out, want_out) < tol
+    for g, w in zip(got, want):
+        assert _rel(g, w) < 2 * tol
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_matches_sdpa_where_semantics_match(dtype):
+    torch.manual_seed(1)
+    q, k, v = (rand(2, 8, 1024, 128, dtype=dtype, device="cuda") for _ in range(3))
+    for causal in (False, True):  # Nq == Nk: bottom-right == top-left
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        assert _rel(fa.flash_attn_forward(q, k, v, causal=causal), want) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("L", [1024, 8192, 32768])
+@pytest.mark.parametrize("nq", [1, 4])
+def test_gpu_decode_split_kv(L, nq):
+    torch.manual_seed(2)
+    B, H, Hkv, D = 2, 32, 8, 128
+    q = rand(B, H, nq, D, dtype=torch.bfloat16, device="cuda")
+    k, v = (rand(B, Hkv, L, D, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    assert F.use_decode_path(q, k)
+    for causal in (False, True):
+        out, lse = fa.flash_attn_forward(q, k, v, causal=causal, return_lse=True)
+        want, want_lse = ref_attention(q, k, v, causal, dtype=torch.float32)
+        assert _rel(out, want) < 1e-2
+        assert (lse - want_lse).abs().max().item() < 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_attention_block():
+    torch.manual_seed(3)
+    dev, dt = "cuda", torch.bfloat16
+    proj = torch.nn.Linear(256, 3 * 256, device=dev, dtype=dt)
+    attn = fa.FlashAttention(causal=True)
+
+    def block(x):
+        q, k, v = proj(x).view(2, 512, 3, 4, 64).unbind(2)
+        return attn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2).reshape(2, 512, 256)
+
+    x = rand(2, 512, 256, dtype=dt, device=dev, requires_grad=True)
+    compiled = torch.compile(block, fullgraph=True)
+    got = compiled(x)
+    got.float().sum().backward()
+    gx = x.grad.clone()
+    x.grad = None
+    want = block(x)
+    want.float().sum().backward()
+    assert _rel(got, want) < 1e-2 and _rel(gx, x.grad) < 1e-2

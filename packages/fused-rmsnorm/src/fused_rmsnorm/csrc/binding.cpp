@@ -1,0 +1,129 @@
+// pybind11 module `_C`: raw device pointers (as Python ints), sizes, element strides, dtype codes
+// and the CUDA stream handle (int). Not built against libtorch, so one binary serves every torch
+// version; the Python wrapper does the checks and allocates with torch.
+#include <cuda_runtime.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "frms.h"
+
+#ifndef FRMS_HAVE_SM80
+#define FRMS_HAVE_SM80 0
+#endif
+#ifndef FRMS_HAVE_SM90
+#define FRMS_HAVE_SM90 0
+#endif
+#ifndef FRMS_ARCHS
+#define FRMS_ARCHS ""
+#endif
+
+namespace py = pybind11;
+
+namespace {
+inline const void* cptr(std::uintptr_t p) { return reinterpret_cast<const void*>(p); }
+inline void* mptr(std::uintptr_t p) { return reinterpret_cast<void*>(p); }
+
+void check(int status, const char* what) {
+  if (status == 0) return;
+  std::string msg = std::string("fused_rmsnorm ") + what + ": ";
+  if (status == FRMS_ERR_BAD_ARG)
+    msg += "unsupported arguments (sizes must be multiples of 8 elements and rows 16-byte aligned)";
+  else if (status == FRMS_ERR_CUTLASS)
+    msg += "CUTLASS failed to initialise or launch the GEMM";
+  else if (status == FRMS_ERR_NOT_BUILT)
+    msg += "this kernel was not compiled into the extension";
+  else
+    msg += std::string("CUDA error ") + cudaGetErrorName(cudaError_t(status)) + ": " +
+           cudaGetErrorString(cudaError_t(status));
+  throw std::runtime_error(msg);
+}
+
+std::vector<std::string> compiled_archs() {
+  std::vector<std::string> out;
+  std::string s = FRMS_ARCHS, cur;
+  for (char c : s) {
+    if (c == ';') {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  if (!cur.empty()) out.push_back(cur);
+  return out;
+}
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "fused_rmsnorm CUDA kernels (raw-pointer interface, no libtorch)";
+
+  m.def(
+      "decode",
+      [](int dtype, std::uintptr_t x, int64_t ldx, std::uintptr_t g, std::uintptr_t w, int64_t ldw,
+         std::uintptr_t bias, std::uintptr_t y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int ksplit,
+         int grid_blocks, std::uintptr_t stream) {
+        check(frms_decode(dtype, cptr(x), ldx, cptr(g), cptr(w), ldw, bias ? cptr(bias) : nullptr, mptr(y), ldy, M,
+                          N, K, eps, ksplit, grid_blocks, mptr(stream)),
+              "decode");
+      },
+      py::arg("dtype"), py::arg("x"), py::arg("ldx"), py::arg("g"), py::arg("w"), py::arg("ldw"), py::arg("bias"),
+      py::arg("y"), py::arg("ldy"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("eps"), py::arg("ksplit"),
+      py::arg("grid_blocks"), py::arg("stream"));
+
+  m.def(
+      "rstd",
+      [](int dtype, std::uintptr_t x, int64_t ldx, std::uintptr_t out, int64_t M, int64_t K, float eps,
+         std::uintptr_t stream) {
+        check(frms_rstd(dtype, cptr(x), ldx, reinterpret_cast<float*>(out), M, K, eps, mptr(stream)), "rstd");
+      },
+      py::arg("dtype"), py::arg("x"), py::arg("ldx"), py::arg("rstd"), py::arg("M"), py::arg("K"), py::arg("eps"),
+      py::arg("stream"));
+
+  m.def(
+      "gemm_sm90",
+      [](int dtype, int config, std::uintptr_t a, int64_t lda, std::uintptr_t b, int64_t ldb, std::uintptr_t rstd,
+         std::uintptr_t bias, std::uintptr_t d, int64_t ldd, int64_t M, int64_t N, int64_t K, bool pdl,
+         std::uintptr_t stream) {
+#if FRMS_HAVE_SM90
+        using Fn = int (*)(int, const void*, int64_t, const void*, int64_t, const float*, const void*, void*, int64_t,
+                           int64_t, int64_t, int64_t, int, void*);
+        Fn fn = config == 0 ? frms_gemm_sm90_cfg0 : (config == 1 ? frms_gemm_sm90_cfg1 : frms_gemm_sm90_cfg2);
+        check(fn(dtype, cptr(a), lda, cptr(b), ldb, reinterpret_cast<const float*>(rstd),
+                 bias ? cptr(bias) : nullptr, mptr(d), ldd, M, N, K, pdl ? 1 : 0, mptr(stream)),
+              "gemm_sm90");
+#else
+        check(FRMS_ERR_NOT_BUILT, "gemm_sm90");
+#endif
+      },
+      py::arg("dtype"), py::arg("config"), py::arg("a"), py::arg("lda"), py::arg("b"), py::arg("ldb"),
+      py::arg("rstd"), py::arg("bias"), py::arg("d"), py::arg("ldd"), py::arg("M"), py::arg("N"), py::arg("K"),
+      py::arg("pdl"), py::arg("stream"));
+
+  m.def(
+      "gemm_sm80",
+      [](int dtype, int config, std::uintptr_t a, int64_t lda, std::uintptr_t b, int64_t ldb, std::uintptr_t rstd,
+         std::uintptr_t bias, std::uintptr_t d, int64_t ldd, int64_t M, int64_t N, int64_t K, std::uintptr_t stream) {
+#if FRMS_HAVE_SM80
+        check(frms_gemm_sm80(dtype, config, cptr(a), lda, cptr(b), ldb, reinterpret_cast<const float*>(rstd),
+                             bias ? cptr(bias) : nullptr, mptr(d), ldd, M, N, K, mptr(stream)),
+              "gemm_sm80");
+#else
+        check(FRMS_ERR_NOT_BUILT, "gemm_sm80");
+#endif
+      },
+      py::arg("dtype"), py::arg("config"), py::arg("a"), py::arg("lda"), py::arg("b"), py::arg("ldb"),
+      py::arg("rstd"), py::arg("bias"), py::arg("d"), py::arg("ldd"), py::arg("M"), py::arg("N"), py::arg("K"),
+      py::arg("stream"));
+
+  m.def("compiled_archs", &compiled_archs, "arch list this binary was compiled for, e.g. ['8.0', '9.0a']");
+  m.def("has_sm90_gemm", [] { return bool(FRMS_HAVE_SM90); });
+  m.def("has_sm80_gemm", [] { return bool(FRMS_HAVE_SM80); });
+  m.def("cuda_version", [] { return int(CUDART_VERSION); }, "CUDA runtime version the module was built with");
+  m.attr("DTYPE_F16") = FRMS_DTYPE_F16;
+  m.attr("DTYPE_BF16") = FRMS_DTYPE_BF16;
+}

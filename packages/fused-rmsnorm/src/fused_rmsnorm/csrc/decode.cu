@@ -1,0 +1,197 @@
+// Small-M (decode) fused RMSNorm + Linear:
+//   y[m, n] = rstd[m] * sum_k x[m, k] * g[k] * W[n, k]  (+ bias[n]),  rstd[m] = rsqrt(mean(x[m]^2) + eps)
+// The GEMV is memory bound on W, so the kernel is built to read W exactly once per row chunk:
+// * a block of 8 warps computes sum(x^2) for its R rows (warp reduction with __shfl_xor_sync, then
+//   across warps through shared memory), without a barrier before the W stream starts;
+// * each warp then streams whole rows of W (or a 1/ksplit slice of K when N alone cannot fill the
+//   GPU) with 16-byte loads, multiplies by g and by every x row on the fly and accumulates in fp32;
+// * blocks loop over N (grid-stride), so the per-block rstd prologue is amortised over many W rows;
+// * rows beyond R are processed by further row chunks (gridDim.y), reading W again mostly from L2.
+// x and g are tiny and re-read by every warp: they go through the read-only/L1 path; W is loaded
+// with the streaming hint. Plain CUDA, so it builds for every arch down to sm_70.
+#include "frms.h"
+#include "vec.cuh"
+
+namespace {
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kUnroll = 4;  // independent 16-byte W loads in flight per lane
+
+template <typename T, int R>
+__global__ void __launch_bounds__(kThreads)
+    decode_kernel(const T* __restrict__ x, int64_t ldx, const T* __restrict__ g, const T* __restrict__ w,
+                  int64_t ldw, const T* __restrict__ bias, T* __restrict__ y, int64_t ldy, int64_t M, int64_t N,
+                  int64_t K, float eps, int ksplit) {
+  __shared__ float s_ss[kWarps][R];  // per-warp partial sums of x^2
+  __shared__ float s_part[kWarps][R];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row0 = int64_t(blockIdx.y) * R;
+  const int rows = int(min(int64_t(R), M - row0));
+  x += row0 * ldx;
+  y += row0 * ldy;
+  const int64_t nchunks = K / frms::kVec;
+
+  // 1) sum of squares of this block's rows, spread over all 256 threads (one L2 round trip).
+  //    Not waited for here: rstd is only needed when the first outputs are written, so the first
+  //    W loads below go out without a barrier in between.
+  {
+    float ss[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) ss[r] = 0.f;
+    for (int64_t c = threadIdx.x; c < nchunks; c += kThreads) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r < rows) {
+          float f[8];
+          frms::unpack8<T>(frms::ld_cached(x + r * ldx + c * frms::kVec), f);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) ss[r] = fmaf(f[j], f[j], ss[r]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      ss[r] = frms::warp_sum(ss[r]);
+      if (lane == 0) s_ss[warp][r] = ss[r];
+    }
+  }
+  // rstd of row r from the partials (valid after any __syncthreads that follows step 1)
+  auto row_rstd = [&](int r) {
+    float t = 0.f;
+#pragma unroll
+    for (int w2 = 0; w2 < kWarps; ++w2) t += s_ss[w2][r];
+    return rsqrtf(t / float(K) + eps);
+  };
+  bool first = true;
+
+  // 2) GEMV over this block's W rows. Warp -> (W row wn within the step, K slice kp).
+  const int nb = kWarps / ksplit;
+  const int kp = warp / nb, wn = warp % nb;
+  const int64_t per = (nchunks + ksplit - 1) / ksplit;
+  const int64_t c_begin = kp * per, c_end = min(nchunks, c_begin + per);
+
+  for (int64_t n0 = int64_t(blockIdx.x) * nb; n0 < N; n0 += int64_t(gridDim.x) * nb) {  // block-uniform
+    const int64_t n = n0 + wn;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+    if (n < N) {
+      const T* wr = w + n * ldw;
+      for (int64_t c = c_begin + lane; c < c_end; c += 32 * kUnroll) {
+        uint4 wv[kUnroll], gv[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t cc = c + u * 32;
+          if (cc < c_end) {
+            wv[u] = frms::ld_stream(wr + cc * frms::kVec);
+            gv[u] = frms::ld_cached(g + cc * frms::kVec);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t cc = c + u * 32;
+          if (cc < c_end) {
+            float wf[8], gf[8];
+            frms::unpack8<T>(wv[u], wf);
+            frms::unpack8<T>(gv[u], gf);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) wf[j] *= gf[j];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+              if (r < rows) {
+                float xf[8];
+                frms::unpack8<T>(frms::ld_cached(x + r * ldx + cc * frms::kVec), xf);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[r] = fmaf(xf[j], wf[j], acc[r]);
+              }
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = frms::warp_sum(acc[r]);
+
+    if (ksplit == 1) {
+      if (first) {  // block-uniform: the one barrier that publishes s_ss
+        __syncthreads();
+        first = false;
+      }
+      if (lane == 0 && n < N) {
+        const float b = bias ? frms::to_float<T>(bias[n]) : 0.f;
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          if (r < rows) y[r * ldy + n] = frms::from_float<T>(fmaf(acc[r], row_rstd(r), b));
+      }
+    } else {
+      if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) s_part[warp][r] = acc[r];
+      }
+      __syncthreads();
+      for (int t = threadIdx.x; t < nb * R; t += kThreads) {
+        const int tw = t / R, r = t % R;
+        const int64_t nn = n0 + tw;
+        if (r < rows && nn < N) {
+          float s = 0.f;
+          for (int p = 0; p < ksplit; ++p) s += s_part[p * nb + tw][r];
+          const float b = bias ? frms::to_float<T>(bias[nn]) : 0.f;
+          y[r * ldy + nn] = frms::from_float<T>(fmaf(s, row_rstd(r), b));
+        }
+      }
+      __syncthreads();  // s_part is reused by the next step
+    }
+  }
+}
+
+template <typename T, int R>
+void launch(const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw, const void* bias, void* y,
+            int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int ksplit, int grid_x, cudaStream_t s) {
+  dim3 grid(unsigned(grid_x), unsigned((M + R - 1) / R)), block(kThreads);
+  decode_kernel<T, R><<<grid, block, 0, s>>>(static_cast<const T*>(x), ldx, static_cast<const T*>(g),
+                                             static_cast<const T*>(w), ldw, static_cast<const T*>(bias),
+                                             static_cast<T*>(y), ldy, M, N, K, eps, ksplit);
+}
+
+template <typename T>
+void launch_rows(const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw, const void* bias, void* y,
+                 int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int ksplit, int grid_x, cudaStream_t s) {
+  // Rows per chunk: the smallest of 1/2/4/8 that covers M (8-row chunks beyond that).
+  if (M <= 1)
+    launch<T, 1>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
+  else if (M <= 2)
+    launch<T, 2>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
+  else if (M <= 4)
+    launch<T, 4>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
+  else
+    launch<T, 8>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
+}
+}  // namespace
+
+extern "C" int frms_decode(int dtype, const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw,
+                           const void* bias, void* y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps,
+                           int ksplit, int grid_blocks, void* stream) {
+  if (M <= 0 || N <= 0) return 0;
+  if (K <= 0 || K % frms::kVec || ldx % frms::kVec || ldw % frms::kVec) return FRMS_ERR_BAD_ARG;
+  if (!frms::aligned16(x) || !frms::aligned16(g) || !frms::aligned16(w)) return FRMS_ERR_BAD_ARG;
+  if ((M + 7) / 8 > 65535) return FRMS_ERR_BAD_ARG;  // gridDim.y limit; the small-M path never gets near it
+  const int sms = frms::sm_count();
+  if (ksplit <= 0) {
+    // Split K only when N alone gives fewer than ~32 warps of work per SM.
+    ksplit = 1;
+    while (ksplit < kWarps && N * ksplit < int64_t(sms) * 32) ksplit *= 2;
+  }
+  if (ksplit != 1 && ksplit != 2 && ksplit != 4 && ksplit != 8) return FRMS_ERR_BAD_ARG;
+  const int nb = kWarps / ksplit;
+  const int64_t needed = (N + nb - 1) / nb;
+  if (grid_blocks <= 0) grid_blocks = sms * 4;  // 4 resident 256-thread blocks per SM, grid-stride beyond
+  const int grid_x = int(min(needed, int64_t(grid_blocks)));
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (dtype == FRMS_DTYPE_F16)
+    launch_rows<__half>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
+  else if (dtype == FRMS_DTYPE_BF16)
+    launch_rows<__nv_bfloat16>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
+  else
+    return FRMS_ERR_BAD_ARG;
+  return int(cudaGetLastError());
+}

@@ -1,0 +1,47 @@
+// rstd[m] = 1 / sqrt(mean_k x[m, k]^2 + eps), fp32, one warp per row.
+// Feeds the prefill GEMM's epilogue. On Hopper it triggers programmatic dependent launch at once so
+// the GEMM (launched with the PDL attribute) can start its prologue while this kernel runs.
+#include "frms.h"
+#include "vec.cuh"
+
+namespace {
+constexpr int kRowsPerBlock = 8;
+
+template <typename T>
+__global__ void __launch_bounds__(kRowsPerBlock * 32)
+    rstd_kernel(const T* __restrict__ x, int64_t ldx, float* __restrict__ rstd, int64_t M, int64_t K, float eps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= M) return;
+  const T* xr = x + row * ldx;
+  const int64_t chunks = K / frms::kVec;
+  float ss = 0.f;
+#pragma unroll 4
+  for (int64_t c = lane; c < chunks; c += 32) {
+    float f[8];
+    frms::unpack8<T>(frms::ld_stream(xr + c * frms::kVec), f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss = fmaf(f[j], f[j], ss);
+  }
+  ss = frms::warp_sum(ss);
+  if (lane == 0) rstd[row] = rsqrtf(ss / float(K) + eps);
+}
+}  // namespace
+
+extern "C" int frms_rstd(int dtype, const void* x, int64_t ldx, float* rstd, int64_t M, int64_t K, float eps,
+                         void* stream) {
+  if (M <= 0) return 0;
+  if (K <= 0 || K % frms::kVec || ldx % frms::kVec || !frms::aligned16(x)) return FRMS_ERR_BAD_ARG;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  dim3 grid(unsigned((M + kRowsPerBlock - 1) / kRowsPerBlock)), block(kRowsPerBlock * 32);
+  if (dtype == FRMS_DTYPE_F16)
+    rstd_kernel<__half><<<grid, block, 0, s>>>(static_cast<const __half*>(x), ldx, rstd, M, K, eps);
+  else if (dtype == FRMS_DTYPE_BF16)
+    rstd_kernel<__nv_bfloat16><<<grid, block, 0, s>>>(static_cast<const __nv_bfloat16*>(x), ldx, rstd, M, K, eps);
+  else
+    return FRMS_ERR_BAD_ARG;
+  return int(cudaGetLastError());
+}

@@ -1,0 +1,258 @@
+"""y = Linear(RMSNorm(x)) = ((x * rstd) * g) @ W^T (+ bias), rstd = 1 / sqrt(mean(x^2) + eps).
+
+CUDA tensors (fp16 / bf16) go to the CUDA extension (see ``backend.py`` for AOT -> JIT -> torch):
+* small M (``path == "decode"`` in tuning.json): one fused GEMV kernel reads W once, computes rstd
+  itself and multiplies x by rstd * g on the fly;
+* larger M: g is folded into the weight (W' = W * g; per call here, cached by the modules), a tiny
+  kernel computes rstd[M] in fp32 and a CUTLASS tensor-core GEMM applies it as a per-row scale in
+  its epilogue (SM90: TMA warp-specialized, launched with programmatic dependent launch after the
+  rstd kernel; SM80/86/89: mma.sync). Other archs: rstd kernel + torch matmul + row scale.
+CPU tensors (and fp32) use the PyTorch reference path (``select_backend(..., has_interpreter=False)``).
+
+Strides: x may have any leading dims and strides; it is viewed/copied to (M, D) with unit inner
+stride and 16-byte aligned rows (a copy only when needed). Weights likewise.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .. import backend as _backend
+from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend
+
+_DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1}
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_TUNING = TuningTable.from_json(Path(__file__).resolve().parent.parent / "tuning.json")
+
+
+# ------------------------------------------------------------------------------------------ checks
+
+
+def check_inputs(x, w_norm, w_lin, bias, eps) -> torch.device:
+    check_tensor("x", x, dtypes=_DTYPES, min_rank=1)
+    check_tensor("w_norm", w_norm, dtypes=_DTYPES, rank=1)
+    check_tensor("w_lin", w_lin, dtypes=_DTYPES, rank=2)
+    if bias is not None:
+        check_tensor("bias", bias, dtypes=_DTYPES, rank=1)
+    for name, t in (("w_norm", w_norm), ("w_lin", w_lin), ("bias", bias)):
+        if t is not None and t.dtype != x.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but x has dtype {x.dtype}; they must match")
+    d = x.shape[-1]
+    if w_norm.shape[0] != d:
+        raise ValueError(f"w_norm has shape {tuple(w_norm.shape)} but x has D={d} (last dim); expected ({d},)")
+    if w_lin.shape[1] != d:
+        raise ValueError(f"w_lin has shape {tuple(w_lin.shape)}: its second dim must equal D={d} of x")
+    if bias is not None and bias.shape[0] != w_lin.shape[0]:
+        raise ValueError(f"bias has shape {tuple(bias.shape)}; expected ({w_lin.shape[0]},) = (N,) of w_lin")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    if not (eps > 0) or not math.isfinite(eps):
+        raise ValueError(f"eps must be a finite number > 0, got {eps}")
+    return check_same_device(x=x, w_norm=w_norm, w_lin=w_lin, bias=bias)
+
+
+# -------------------------------------------------------------------------------------- references
+
+
+def torch_reference(x, w_norm, w_lin, bias, eps):
+    """The PyTorch path: fp32 norm, matmul in fp32 on CPU (accurate, CPU-friendly) and in the input
+    dtype on CUDA (the unfused F.rms_norm + F.linear a user would write)."""
+    xf = x.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if x.device.type == "cpu" or x.dtype == torch.float32:
+        b = bias.float() if bias is not None else None
+        return F.linear(xf * rstd * w_norm.float(), w_lin.float(), b).to(x.dtype)
+    h = (xf * rstd).to(x.dtype) * w_norm
+    return F.linear(h, w_lin, bias)
+
+
+# ---------------------------------------------------------------------------------------- planning
+
+
+def plan(arch: str, M: int, N: int, K: int, *, has_gemm: bool) -> dict:
+    """Kernel choice for one call: {"path": "decode"|"gemm"|"torch_gemm", "config": int, ...}."""
+    cfg = _TUNING.lookup(arch, M=M, N=N, K=K, MN=M * N)
+    path = cfg.get("path", "gemm")
+    if path == "gemm" and not has_gemm:
+        # no tensor-core GEMM for this arch in the binary (e.g. an SM70/75 build): the decode kernel
+        # still wins for small M, otherwise torch matmul + row scale
+        path = "decode" if M <= cfg.get("decode_fallback_max_rows", 64) else "torch_gemm"
+    if path == "gemm" and (N % 8 or K % 8):
+        path = "torch_gemm"  # TMA / cp.async need 16-byte aligned rows of W' and of the output
+    cfg["path"] = path
+    return cfg
+
+
+def _as_2d_rows(t: torch.Tensor, name: str) -> torch.Tensor:
+    """(rows, D) with unit inner stride, row stride % 8 == 0 and a 16-byte aligned base (copy if not)."""
+    t2 = t.reshape(-1, t.shape[-1]) if t.dim() != 2 else t
+    ok = t2.stride(-1) == 1 and (t2.shape[0] <= 1 or t2.stride(0) % 8 == 0) and t2.data_ptr() % 16 == 0
+    return t2 if ok else t2.contiguous()
+
+
+def _vec(t: torch.Tensor | None) -> torch.Tensor | None:
+    if t is None:
+        return None
+    return t if (t.is_contiguous() and t.data_ptr() % 16 == 0) else t.contiguous().clone()
+
+
+def fold_weight(w_norm: torch.Tensor, w_lin: torch.Tensor) -> torch.Tensor:
+    """W' = W * g (column scale), rounded once to the weight dtype."""
+    return (w_lin.float() * w_norm.float()).to(w_lin.dtype)
+
+
+def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
+    """Run the CUDA extension. Raises (rather than falls back) on tensors it cannot take."""
+    for name, t in (("x", x), ("w_norm", w_norm), ("w_lin", w_lin), ("bias", bias), ("w_folded", w_folded)):
+        if t is not None and t.device.type != "cuda":
+            raise ValueError(f"{name} is on {t.device}: the CUDA extension path needs CUDA tensors")
+    if x.dtype not in _DTYPE_CODES:
+        raise TypeError(f"x has dtype {x.dtype}: the CUDA extension supports float16 and bfloat16")
+    ext = _backend.get_ext(x.device)
+    if ext.kind == "torch":
+        return torch_reference(x, w_norm, w_lin, bias, eps)
+    D = x.shape[-1]
+    N = w_lin.shape[0]
+    lead = x.shape[:-1]
+    if D % 8 != 0:
+        _backend.warn_once(f"d{D}", f"fused_rmsnorm: D={D} is not a multiple of 8; using the PyTorch path")
+        return torch_reference(x, w_norm, w_lin, bias, eps)
+    x2 = _as_2d_rows(x, "x")
+    M = x2.shape[0]
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return out.reshape(*lead, N)
+    dt = _DTYPE_CODES[x.dtype]
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    cap = torch.cuda.get_device_capability(x.device)
+    arch = arch_key(x.device)
+    has_gemm = (cap[0] == 9 and ext.has_gemm_sm90) or (cap[0] == 8 and ext.has_gemm_sm80)
+    p = plan(arch, M, N, D, has_gemm=has_gemm)
+    b = _vec(bias)
+    bptr = b.data_ptr() if b is not None else 0
+    mod = ext.module
+    if p["path"] == "decode":
+        w2 = _as_2d_rows(w_lin, "w_lin")
+        g = _vec(w_norm)
+        mod.decode(
+            dt, x2.data_ptr(), x2.stride(0), g.data_ptr(), w2.data_ptr(), w2.stride(0), bptr,
+            out.data_ptr(), out.stride(0), M, N, D, float(eps), int(p.get("ksplit", 0)),
+            int(p.get("grid_blocks", 0)), stream,
+        )  # fmt: skip
+        return out.reshape(*lead, N)
+    rstd = torch.empty(M, dtype=torch.float32, device=x.device)
+    mod.rstd(dt, x2.data_ptr(), x2.stride(0), rstd.data_ptr(), M, D, float(eps), stream)
+    wf = w_folded if w_folded is not None else fold_weight(w_norm, w_lin)
+    wf = _as_2d_rows(wf, "w_folded")
+    if p["path"] == "gemm":
+        cfg = int(p.get("config", 0))
+        if cap[0] == 9:
+            mod.gemm_sm90(
+                dt, cfg, x2.data_ptr(), x2.stride(0), wf.data_ptr(), wf.stride(0), rstd.data_ptr(), bptr,
+                out.data_ptr(), out.stride(0), M, N, D, bool(p.get("pdl", True)), stream,
+            )  # fmt: skip
+        else:
+            mod.gemm_sm80(
+                dt, cfg, x2.data_ptr(), x2.stride(0), wf.data_ptr(), wf.stride(0), rstd.data_ptr(), bptr,
+                out.data_ptr(), out.stride(0), M, N, D, stream,
+            )  # fmt: skip
+        return out.reshape(*lead, N)
+    # torch_gemm: no CUTLASS GEMM for this arch -> torch matmul, then the fp32 row scale
+    torch.mm(x2, wf.t(), out=out)
+    out.mul_(rstd.to(out.dtype).unsqueeze(1))
+    if b is not None:
+        out.add_(b)
+    return out.reshape(*lead, N)
+
+
+# -------------------------------------------------------------------------------- custom op + API
+
+
+@torch.library.custom_op("fused_rmsnorm::rmsnorm_linear", mutates_args=())
+def _rmsnorm_linear_op(
+    x: torch.Tensor,
+    w_norm: torch.Tensor,
+    w_lin: torch.Tensor,
+    bias: torch.Tensor | None,
+    eps: float,
+    w_folded: torch.Tensor | None,
+) -> torch.Tensor:
+    backend = select_backend(x.device, has_interpreter=False)
+    forced = _backend.forced_backend()
+    if backend == Backend.GPU and x.dtype in _DTYPE_CODES and forced != "torch":
+        return _launch_ext(x, w_norm, w_lin, bias, eps, w_folded)
+    if forced in ("aot", "jit"):
+        # an explicit request for the extension must not silently run something else
+        return _launch_ext(x, w_norm, w_lin, bias, eps, w_folded)
+    return torch_reference(x, w_norm, w_lin, bias, eps)
+
+
+@_rmsnorm_linear_op.register_fake
+def _(x, w_norm, w_lin, bias, eps, w_folded):
+    return x.new_empty((*x.shape[:-1], w_lin.shape[0]))
+
+
+def _setup_context(ctx, inputs, output):
+    x, w_norm, w_lin, bias, eps, _w_folded = inputs
+    ctx.save_for_backward(x, w_norm, w_lin, bias)
+    ctx.eps = eps
+    ctx.has_bias = bias is not None
+
+
+def _backward(ctx, grad):
+    # Training is not the target: the backward recomputes the torch path in fp32 and differentiates it.
+    x, w_norm, w_lin, bias = ctx.saved_tensors
+    with torch.enable_grad():
+        xs = x.detach().float().requires_grad_(ctx.needs_input_grad[0])
+        gs = w_norm.detach().float().requires_grad_(ctx.needs_input_grad[1])
+        ws = w_lin.detach().float().requires_grad_(ctx.needs_input_grad[2])
+        bs = bias.detach().float().requires_grad_(ctx.needs_input_grad[3]) if bias is not None else None
+        rstd = torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + ctx.eps)
+        y = F.linear(xs * rstd * gs, ws, bs)
+        wrt = [t for t in (xs, gs, ws, bs) if t is not None and t.requires_grad]
+        grads = iter(torch.autograd.grad(y, wrt, grad.float()) if wrt else ())
+    out = []
+    for t, orig in zip((xs, gs, ws, bs), (x, w_norm, w_lin, bias)):
+        out.append(next(grads).to(orig.dtype) if t is not None and t.requires_grad else None)
+    return (*out, None, None)
+
+
+_rmsnorm_linear_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def fused_rmsnorm_linear(
+    x: torch.Tensor,
+    w_norm: torch.Tensor,
+    w_lin: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Linear(RMSNorm(x)): x (..., D), w_norm (D,), w_lin (N, D), bias (N,) -> (..., N).
+
+    fp16/bf16 on CUDA run the fused extension; fp32 and CPU tensors the PyTorch path.
+    """
+    check_inputs(x, w_norm, w_lin, bias, eps)
+    return _rmsnorm_linear_op(x, w_norm, w_lin, bias, float(eps), None)
+
+
+def fused_rmsnorm_linear_folded(
+    x: torch.Tensor,
+    w_norm: torch.Tensor,
+    w_lin: torch.Tensor,
+    w_folded: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """As ``fused_rmsnorm_linear`` with a precomputed W' = w_lin * w_norm (the modules' cache).
+
+    The caller guarantees ``w_folded == fold_weight(w_norm, w_lin)``; decode uses w_norm / w_lin.
+    """
+    check_inputs(x, w_norm, w_lin, bias, eps)
+    check_tensor("w_folded", w_folded, dtypes=(x.dtype,), rank=2)
+    if w_folded.shape != w_lin.shape:
+        raise ValueError(f"w_folded has shape {tuple(w_folded.shape)}; expected {tuple(w_lin.shape)} like w_lin")
+    return _rmsnorm_linear_op(x, w_norm, w_lin, bias, float(eps), w_folded)

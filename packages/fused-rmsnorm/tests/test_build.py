@@ -1,0 +1,87 @@
+"""The CUDA extension compiles with nvcc (CI has nvcc but no GPU): the --check path for the
+configured arch list, the oldest-arch (no-GEMM) build, and the JIT cache/lock/load plumbing.
+
+Cost on a 2-core CI runner: the CUTLASS units dominate (~60 s each for the SM90 tile config and
+the SM80 GEMMs, run in parallel), so the default-arch check uses --light (one SM90 tile config
+compiled for real, the other two entry points forwarding to it); the full 3-config build is what
+the wheel and JIT paths compile.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fused_rmsnorm import _build
+
+pytestmark = pytest.mark.skipif(_build.find_nvcc() is None, reason="nvcc not found: cannot compile the extension")
+
+SRC = Path(_build.__file__).resolve().parent.parent
+
+
+def _run_check(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    env.pop("FUSED_RMSNORM_CUDA_ARCH_LIST", None)
+    env.pop("TORCH_CUDA_ARCH_LIST", None)
+    cmd = [sys.executable, "-m", "fused_rmsnorm._build", "--check", "--out", str(tmp_path), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
+
+
+def _load(tmp_path: Path):
+    (so,) = list(tmp_path.glob("_C*.so"))
+    return _build.load_module(so, name=f"frms_test_{tmp_path.name}._C")
+
+
+def test_check_configured_arch_list(tmp_path):
+    if _build.cutlass_include() is None:
+        pytest.fail("CUTLASS headers not found: install nvidia-cutlass (a build dependency) or set CUTLASS_PATH")
+    res = _run_check(tmp_path, "--light")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "check OK" in res.stdout
+    for unit in ("decode", "rstd", "gemm_sm80", "gemm_sm90_light", "binding"):
+        assert f"compiled {unit}" in res.stdout, res.stdout
+    mod = _load(tmp_path)  # importable without a GPU (static cudart, no CUDA call at import)
+    assert list(mod.compiled_archs()) == _build.resolve_arch_list(_build.default_arch_list())
+    assert mod.has_sm90_gemm() and mod.has_sm80_gemm()
+    assert mod.cuda_version() >= 12000
+
+
+def test_oldest_arch_build_without_gemm(tmp_path):
+    """The seed's V100 build (7.0): decode + rstd only. nvcc 13 dropped sm_70, so there the build
+    must refuse with a clear message, and the same no-GEMM configuration is compiled for 7.5."""
+    nvcc = _build.find_nvcc()
+    codes = _build.nvcc_supported_codes(nvcc)
+    if not codes or "sm_70" in codes:
+        arch = "7.0"
+    else:
+        with pytest.raises(_build.BuildError, match="CUDA 12"):
+            _build.plan(["7.0"], nvcc=nvcc)
+        arch = "7.5"
+    res = _run_check(tmp_path, "--arch", arch)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "gemm" not in res.stdout.split("units")[-1].replace("gemm False", "")
+    mod = _load(tmp_path)
+    assert list(mod.compiled_archs()) == [arch]
+    assert not mod.has_sm90_gemm() and not mod.has_sm80_gemm()
+
+
+def test_jit_cache_build_lock_and_reuse(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSED_RMSNORM_CACHE", str(tmp_path))
+    nvcc = _build.find_nvcc()
+    arch = "7.5"  # cheapest arch (no CUTLASS units): exercises the plumbing, not the kernels
+    key = _build.jit_key([arch], nvcc)
+    assert key != _build.jit_key(["8.6"], nvcc)
+    path = _build.jit_build([arch])
+    assert path.parent == tmp_path / key and path.is_file()
+    mtime = path.stat().st_mtime_ns
+    t0 = time.perf_counter()
+    assert _build.jit_build([arch]) == path  # cached: no rebuild
+    assert time.perf_counter() - t0 < 5 and path.stat().st_mtime_ns == mtime
+    mod = _build.load_module(path, name="frms_test_jit._C")
+    assert list(mod.compiled_archs()) == [arch]
+    with pytest.raises(RuntimeError, match="gemm_sm90.*not compiled"):
+        mod.gemm_sm90(0, 0, 0, 8, 0, 8, 0, 0, 0, 8, 8, 8, 8, False, 0)

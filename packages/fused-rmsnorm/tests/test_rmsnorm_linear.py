@@ -1,0 +1,302 @@
+"""fused_rmsnorm_linear: CPU (PyTorch path) numerics vs float64, checks, planning, backend plumbing;
+GPU tests (marked gpu) run the CUDA extension (AOT or JIT, chosen by FUSED_RMSNORM_BACKEND)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import fused_rmsnorm
+import pytest
+import torch
+from fused_rmsnorm import _build, backend
+from fused_rmsnorm.ops.rmsnorm_linear import fold_weight, fused_rmsnorm_linear, plan
+
+
+def ref64(x, g, w, b, eps):
+    xd = x.double()
+    r = torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)
+    y = (xd * r * g.double()) @ w.double().t()
+    return y + b.double() if b is not None else y
+
+
+def rel_err(y, ref):
+    return ((y.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-12)).item()
+
+
+@pytest.fixture(autouse=True)
+def _clean_backend(monkeypatch):
+    monkeypatch.delenv("FUSED_RMSNORM_BACKEND", raising=False)
+    backend.reset()
+    yield
+    backend.reset()
+
+
+# ---------------------------------------------------------------------------------------- CPU numerics
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape,N", [((3, 5, 48), 37), ((7, 40), 24), ((40,), 9), ((2, 1, 3, 16), 8)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_cpu_matches_float64(dtype, shape, N, with_bias):
+    torch.manual_seed(0)
+    D = shape[-1]
+    x = (torch.randn(shape) * 3 + 0.5).to(dtype)
+    g = (torch.rand(D) * 2 - 0.5).to(dtype)
+    w = (torch.randn(N, D) / D**0.5).to(dtype)
+    b = torch.randn(N).to(dtype) if with_bias else None
+    y = fused_rmsnorm_linear(x, g, w, b, eps=1e-5)
+    assert y.shape == (*shape[:-1], N) and y.dtype == dtype
+    assert torch.isfinite(y).all()
+    assert rel_err(y, ref64(x, g, w, b, 1e-5)) <= TOL[dtype]
+
+
+def test_cpu_eps_matters_and_strided_input():
+    torch.manual_seed(1)
+    x = torch.randn(6, 64)[:, ::2] * 1e-3  # non-contiguous, tiny values: eps dominates the rstd
+    g, w = torch.randn(32), torch.randn(11, 32)
+    y1 = fused_rmsnorm_linear(x, g, w, eps=1e-6)
+    y2 = fused_rmsnorm_linear(x, g, w, eps=1e-2)
+    assert rel_err(y1, ref64(x, g, w, None, 1e-6)) < 1e-5
+    assert rel_err(y2, ref64(x, g, w, None, 1e-2)) < 1e-5
+    assert not torch.allclose(y1, y2)
+
+
+def test_cpu_empty_rows():
+    y = fused_rmsnorm_linear(torch.randn(0, 16), torch.randn(16), torch.randn(5, 16))
+    assert y.shape == (0, 5)
+
+
+def test_fold_weight():
+    g, w = torch.randn(24), torch.randn(7, 24)
+    torch.testing.assert_close(fold_weight(g, w), w * g)
+
+
+def test_autograd_matches_float64():
+    torch.manual_seed(2)
+    x = torch.randn(4, 3, 16, dtype=torch.float32, requires_grad=True)
+    g = torch.randn(16, requires_grad=True)
+    w = torch.randn(10, 16, requires_grad=True)
+    b = torch.randn(10, requires_grad=True)
+    gy = torch.randn(4, 3, 10)
+    fused_rmsnorm_linear(x, g, w, b, eps=1e-6).backward(gy)
+    leaves = [t.detach().double().requires_grad_() for t in (x, g, w, b)]
+    ref64(*leaves, 1e-6).backward(gy.double())
+    for got, want in zip((x, g, w, b), leaves):
+        assert rel_err(got.grad, want.grad) < 1e-5
+
+
+def test_opcheck_custom_op():
+    torch.manual_seed(3)
+    args = (torch.randn(3, 16), torch.randn(16), torch.randn(8, 16), torch.randn(8), 1e-6, None)
+    torch.library.opcheck(torch.ops.fused_rmsnorm.rmsnorm_linear.default, args)
+
+
+def test_torch_compile_no_graph_break():
+    torch.manual_seed(4)
+    x, g, w = torch.randn(5, 32), torch.randn(32), torch.randn(12, 32)
+    f = torch.compile(lambda a: fused_rmsnorm_linear(a, g, w) * 2, fullgraph=True, backend="eager")
+    assert rel_err(f(x), 2 * ref64(x, g, w, None, 1e-6)) < 1e-5
+
+
+# ----------------------------------------------------------------------------------------------- errors
+
+
+def test_errors_name_the_argument():
+    x, g, w = torch.randn(2, 16), torch.randn(16), torch.randn(4, 16)
+    with pytest.raises(TypeError, match="w_norm.*float16.*x.*float32"):
+        fused_rmsnorm_linear(x, g.half(), w)
+    with pytest.raises(TypeError, match="w_lin"):
+        fused_rmsnorm_linear(x, g, w.bfloat16())
+    with pytest.raises(ValueError, match="w_norm"):
+        fused_rmsnorm_linear(x, torch.randn(15), w)
+    with pytest.raises(ValueError, match="w_lin.*D=16"):
+        fused_rmsnorm_linear(x, g, torch.randn(4, 12))
+    with pytest.raises(ValueError, match="w_lin"):
+        fused_rmsnorm_linear(x, g, torch.randn(16))
+    with pytest.raises(ValueError, match="bias"):
+        fused_rmsnorm_linear(x, g, w, torch.randn(5))
+    with pytest.raises(TypeError, match="x"):
+        fused_rmsnorm_linear(x.to(torch.int32), g, w)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        fused_rmsnorm_linear([1.0], g, w)
+    for eps in (0.0, -1e-6, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="eps"):
+            fused_rmsnorm_linear(x, g, w, eps=eps)
+    with pytest.raises(ValueError, match="w_lin is on meta"):
+        fused_rmsnorm_linear(x, g, torch.empty(4, 16, device="meta"))
+
+
+def test_extension_path_rejects_cpu_tensors(monkeypatch):
+    monkeypatch.setenv("FUSED_RMSNORM_BACKEND", "aot")
+    x, g, w = torch.randn(2, 16).half(), torch.randn(16).half(), torch.randn(4, 16).half()
+    with pytest.raises(ValueError, match="x is on cpu.*CUDA extension path needs CUDA tensors"):
+        fused_rmsnorm_linear(x, g, w)
+    monkeypatch.setenv("FUSED_RMSNORM_BACKEND", "bogus")
+    with pytest.raises(ValueError, match="FUSED_RMSNORM_BACKEND"):
+        fused_rmsnorm_linear(x, g, w)
+
+
+# --------------------------------------------------------------------------------------------- planning
+
+
+def test_plan_sm90():
+    assert plan("sm90", 1, 4096, 4096, has_gemm=True)["path"] == "decode"
+    assert plan("sm90", 16, 14336, 4096, has_gemm=True)["path"] == "decode"
+    p = plan("sm90", 128, 8192, 8192, has_gemm=True)
+    assert p["path"] == "gemm" and p["config"] == 2
+    p = plan("sm90", 1024, 2048, 2048, has_gemm=True)
+    assert p["path"] == "gemm" and p["config"] == 1
+    p = plan("sm90", 4096, 4096, 4096, has_gemm=True)
+    assert p["path"] == "gemm" and p["config"] == 0
+
+
+def test_plan_without_gemm_and_arch_fallback():
+    assert plan("sm75", 512, 4096, 4096, has_gemm=False)["path"] == "torch_gemm"
+    assert plan("sm70", 48, 4096, 4096, has_gemm=False)["path"] == "decode"
+    assert plan("sm89", 512, 4096, 4096, has_gemm=True) == plan("sm86", 512, 4096, 4096, has_gemm=True)
+    assert plan("cpu", 4, 8, 8, has_gemm=False)["path"] == "torch"
+    assert plan("sm90", 512, 1001, 4096, has_gemm=True)["path"] == "torch_gemm"
+
+
+def test_backend_arch_helpers():
+    assert backend.device_arch((9, 0)) == "9.0a" and backend.device_arch((8, 6)) == "8.6"
+    assert backend.covers(["8.0", "9.0a"], (8, 9))
+    assert backend.covers(["8.0", "9.0a"], (9, 0))
+    assert not backend.covers(["8.6"], (8, 0))
+    assert not backend.covers(["8.6"], (7, 5))
+    assert backend.covers(["8.0", "9.0a"], (12, 0))  # PTX of the newest arch
+
+
+def test_backend_info_cpu():
+    info = fused_rmsnorm.backend_info()
+    assert info["package"] == "fused_rmsnorm"
+    assert "torch" in info["cpu"]
+    if not torch.cuda.is_available():
+        assert info["decode"] == "torch" and info["prefill"] == "torch" and info["reason"] == "no CUDA device"
+
+
+def test_arch_list_resolution(monkeypatch):
+    monkeypatch.delenv("FUSED_RMSNORM_CUDA_ARCH_LIST", raising=False)
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    assert _build.resolve_arch_list() == ["8.0", "8.6", "8.9", "9.0a"]
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "7.0 8.6+PTX")
+    assert _build.resolve_arch_list() == ["7.0", "8.6+PTX"]
+    monkeypatch.setenv("FUSED_RMSNORM_CUDA_ARCH_LIST", "9.0a")
+    assert _build.resolve_arch_list() == ["9.0a"]
+    assert _build.resolve_arch_list("8.9,9.0A") == ["8.9", "9.0a"]
+    with pytest.raises(_build.BuildError, match="sm86"):
+        _build.resolve_arch_list("sm86")
+
+
+# ------------------------------------------------------------------------------------------------- GPU
+
+GPU_D = [2048, 4096, 8192, 5120]
+GPU_M = [1, 3, 16, 64, 512, 4096]
+
+
+def _gpu_case(M, D, N, dtype, bias=False, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = (torch.randn(M, D, device="cuda", generator=gen) * 2 + 0.3).to(dtype)
+    g = (torch.rand(D, device="cuda", generator=gen) + 0.5).to(dtype)
+    w = (torch.randn(N, D, device="cuda", generator=gen) / D**0.5).to(dtype)
+    b = torch.randn(N, device="cuda", generator=gen).to(dtype) if bias else None
+    return x, g, w, b
+
+
+def _ref32(x, g, w, b, eps):
+    xf = x.float()
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * g.float()) @ w.float().t()
+    return y + b.float() if b is not None else y
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("D", GPU_D)
+@pytest.mark.parametrize("M", GPU_M)
+def test_gpu_vs_fp32(M, D, dtype):
+    N = 4096 if D != 2048 else 2048
+    x, g, w, _ = _gpu_case(M, D, N, dtype)
+    y = fused_rmsnorm_linear(x, g, w, eps=1e-6)
+    torch.cuda.synchronize()
+    assert y.shape == (M, N) and torch.isfinite(y).all()
+    assert rel_err(y, _ref32(x, g, w, None, 1e-6).double()) <= 1e-2
+    kind = backend.get_ext(x.device).kind
+    want = os.environ.get("FUSED_RMSNORM_BACKEND", "auto")
+    if want in ("aot", "jit"):
+        assert kind == want
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 5, 9, 40, 300])
+def test_gpu_bias_odd_sizes_strided_leading_dims(M, dtype):
+    D = 1032  # D % 8 == 0 but not a tile multiple
+    N_gemm = 1001 if M <= 16 else 1000  # decode takes any N; the GEMM needs N % 8 == 0
+    x, g, w, b = _gpu_case(M, D, N_gemm, dtype, bias=True, seed=M)
+    xs = torch.cat([x, x], dim=1)[:, :D].reshape(1, M, D)  # strided rows, extra leading dim
+    y = fused_rmsnorm_linear(xs, g, w, b, eps=1e-5)
+    torch.cuda.synchronize()
+    assert y.shape == (1, M, N_gemm)
+    assert rel_err(y[0], _ref32(x, g, w, b, 1e-5).double()) <= 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_output_fully_written():
+    # the output is allocated with torch.empty: fill the caching allocator with NaN first so an
+    # unwritten element would show up
+    for M in (1, 7, 64, 384):
+        junk = torch.full((M * 2048 * 4,), float("nan"), device="cuda", dtype=torch.float16)
+        del junk
+        x, g, w, _ = _gpu_case(M, 2048, 2048, torch.float16, seed=M)
+        y = fused_rmsnorm_linear(x, g, w)
+        assert torch.isfinite(y).all(), f"M={M}"
+
+
+@pytest.mark.gpu
+def test_gpu_reports_extension_backend():
+    x, g, w, _ = _gpu_case(4, 256, 64, torch.bfloat16)
+    fused_rmsnorm_linear(x, g, w)
+    info = fused_rmsnorm.backend_info()
+    assert info["cuda"] and info["decode"] in ("aot", "jit"), info
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture():
+    x, g, w, _ = _gpu_case(2, 4096, 4096, torch.bfloat16)
+    xs = torch.randn(512, 4096, device="cuda").bfloat16()
+    for inp in (x, xs):
+        fused_rmsnorm_linear(inp, g, w)  # warm up / resolve backend outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = fused_rmsnorm_linear(inp, g, w)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_err(y, _ref32(inp, g, w, None, 1e-6).double()) <= 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
+def test_gpu_compute_sanitizer_memcheck(tmp_path):
+    script = tmp_path / "case.py"
+    script.write_text(
+        "import torch\nfrom fused_rmsnorm import fused_rmsnorm_linear\n"
+        "for M in (1, 3, 72, 200):\n"
+        "    x = torch.randn(M, 264, device='cuda').half(); g = torch.randn(264, device='cuda').half()\n"
+        "    w = torch.randn(136, 264, device='cuda').half(); b = torch.randn(136, device='cuda').half()\n"
+        "    y = fused_rmsnorm_linear(x, g, w, b)\n"
+        "torch.cuda.synchronize(); print('OK')\n"
+    )
+    res = subprocess.run(
+        ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", "python", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ.copy(),
+    )
+    assert res.returncode == 0 and "OK" in res.stdout, res.stdout[-4000:] + res.stderr[-4000:]
+    assert "ERROR SUMMARY: 0 errors" in res.stdout

@@ -1,0 +1,293 @@
+"""int8_gemm_dequant_fwd: exact int32 products, fused dequant/bias, both B layouts, split-K, errors."""
+
+import pytest
+import torch
+from int8_gemm import int8_gemm_dequant_fwd, quantize_symmetric
+from int8_gemm.ops import gemm as gmod
+
+
+def _rand_i8(*shape, device="cpu"):
+    return torch.randint(-127, 128, shape, dtype=torch.int8, device=device)
+
+
+def _layouts(W):
+    """B = (K, N) operands for an (N, K) weight: K-major view and row-major copy."""
+    return {"kmajor": W.t(), "rowmajor": W.t().contiguous()}
+
+
+def _ref_int(A, B):
+    return A.cpu().long() @ B.cpu().long()
+
+
+def _ref_deq(A, B, sa, sb, bias=None):
+    c = _ref_int(A, B).double() * sa.cpu().double().view(-1, 1) * sb.cpu().double().view(1, -1)
+    if bias is not None:
+        c = c + bias.cpu().double()[None, :]
+    return c
+
+
+def _poisoned_launch(monkeypatch):
+    """Make every output buffer start as garbage so unwritten elements fail the comparison."""
+    real_empty = torch.empty
+
+    def empty(*args, **kw):
+        t = real_empty(*args, **kw)
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        elif t.dtype == torch.int32:
+            t.fill_(-123456789)
+        return t
+
+    monkeypatch.setattr(gmod.torch, "empty", empty)
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 7, 33), (5, 40, 100), (33, 65, 96), (17, 31, 257)])
+@pytest.mark.parametrize("layout", ["kmajor", "rowmajor"])
+def test_int32_exact(M, N, K, layout, monkeypatch):
+    _poisoned_launch(monkeypatch)
+    torch.manual_seed(M * 1000 + N + K)
+    A = _rand_i8(M, K)
+    B = _layouts(_rand_i8(N, K))[layout]
+    c = int8_gemm_dequant_fwd(A, B, None, None, out_dtype=torch.int32)
+    assert c.dtype == torch.int32 and c.shape == (M, N)
+    assert torch.equal(c.long(), _ref_int(A, B))
+
+
+def test_int32_exact_strided_operands(monkeypatch):
+    _poisoned_launch(monkeypatch)
+    torch.manual_seed(7)
+    A = _rand_i8(12, 2 * 70)[:, ::2]  # stride_ak = 2
+    B = _rand_i8(3, 70, 45)[1, :, 3:40]  # a slice of a bigger buffer
+    B2 = _rand_i8(37, 2, 70)[:, 0, :].t()  # neither stride is 1
+    for b in (B, B2):
+        c = int8_gemm_dequant_fwd(A, b, None, None, out_dtype=torch.int32)
+        assert torch.equal(c.long(), _ref_int(A, b))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("split_k", [2, 3, 8])
+def test_split_k_exact(split_k, fused, monkeypatch):
+    """Split-K: the fused (last-arriving program reduces) and the two-kernel reduction."""
+    _poisoned_launch(monkeypatch)
+    torch.manual_seed(split_k)
+    M, N, K = 9, 37, 230  # K not a multiple of BLOCK_K * split_k; 8 splits leave empty ones
+    A, W = _rand_i8(M, K), _rand_i8(N, K)
+    sa, sb = torch.rand(M) + 0.1, torch.rand(N) + 0.1
+    cfg = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, SPLIT_K=split_k, num_warps=4, num_stages=1)
+    cfg["FUSED_REDUCE"] = fused
+    if gmod.select_backend(A.device) is not gmod.Backend.INTERPRETER:
+        pytest.skip("explicit kernel configs need TRITON_INTERPRET=1 on CPU")
+    for _ in range(2):  # the second run proves the arrival counters were reset
+        c = gmod._launch(A, W.t(), None, None, None, torch.int32, cfg)
+        assert torch.equal(c.long(), _ref_int(A, W.t()))
+    if fused:
+        assert (gmod._COUNTERS[("cpu",)] == 0).all()
+    bias = torch.randn(N)
+    d = gmod._launch(A, W.t(), sa, sb, bias, torch.float32, cfg)
+    torch.testing.assert_close(d.double(), _ref_deq(A, W.t(), sa, sb, bias), rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("persistent", [0, 1])
+def test_tma_variant_exact(persistent, monkeypatch):
+    """The TMA-descriptor kernel (SM90 candidate in the tuning space) under the interpreter."""
+    if gmod.select_backend(torch.device("cpu")) is not gmod.Backend.INTERPRETER:
+        pytest.skip("explicit kernel configs need TRITON_INTERPRET=1 on CPU")
+    if gmod._TensorDescriptor is None:
+        pytest.skip("this Triton has no host-side TensorDescriptor")
+    _poisoned_launch(monkeypatch)
+    torch.manual_seed(31 + persistent)
+    M, N, K = 40, 50, 80  # odd tiles: TMA zero-fills the out-of-bounds rows, cols and K tail
+    A, W = _rand_i8(M, K), _rand_i8(N, K)
+    sa, sb, bias = torch.rand(M) + 0.1, torch.rand(N) + 0.1, torch.randn(N)
+    cfg = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=2, SPLIT_K=1, num_warps=4, num_stages=1, TMA=1)
+    cfg["PERSISTENT"] = persistent
+    assert gmod._tma_ok(A, W.t())
+    c = gmod._launch(A, W.t(), None, None, None, torch.int32, cfg)
+    assert torch.equal(c.long(), _ref_int(A, W.t()))
+    d = gmod._launch(A, W.t(), sa, sb, bias, torch.float32, cfg)
+    torch.testing.assert_close(d.double(), _ref_deq(A, W.t(), sa, sb, bias), rtol=1e-5, atol=1e-3)
+    # a row-major B is not TMA-eligible and falls back to the pointer kernel, still exact
+    assert not gmod._tma_ok(A, W.t().contiguous())
+    c2 = gmod._launch(A, W.t().contiguous(), None, None, None, torch.int32, cfg)
+    assert torch.equal(c2.long(), _ref_int(A, W.t()))
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("layout", ["kmajor", "rowmajor"])
+def test_dequant_epilogue(out_dtype, with_bias, layout, monkeypatch):
+    _poisoned_launch(monkeypatch)
+    torch.manual_seed(11)
+    M, N, K = 19, 45, 70
+    A = _rand_i8(M, K)
+    B = _layouts(_rand_i8(N, K))[layout]
+    sa, sb = torch.rand(M) * 0.01 + 1e-3, torch.rand(N) * 0.01 + 1e-3
+    bias = torch.randn(N) if with_bias else None
+    c = int8_gemm_dequant_fwd(A, B, sa, sb, bias=bias, out_dtype=out_dtype)
+    assert c.dtype == out_dtype and c.shape == (M, N)
+    ref = _ref_deq(A, B, sa, sb, bias)
+    tol = dict(rtol=1e-5, atol=1e-4) if out_dtype == torch.float32 else dict(rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(c.double(), ref, **tol)
+
+
+def test_scale_shapes_and_scalars():
+    torch.manual_seed(12)
+    M, N, K = 6, 10, 40
+    A, W = _rand_i8(M, K), _rand_i8(N, K)
+    sa, sb = torch.rand(M) + 0.5, torch.rand(N) + 0.5
+    ref = _ref_deq(A, W.t(), sa, sb)
+    for a_s, b_s in [(sa, sb), (sa[:, None], sb[:, None]), (sa[:, None], sb[None, :])]:
+        c = int8_gemm_dequant_fwd(A, W.t(), a_s, b_s, out_dtype=torch.float32)
+        torch.testing.assert_close(c.double(), ref, rtol=1e-5, atol=1e-4)
+    c = int8_gemm_dequant_fwd(A, W.t(), 0.5, torch.tensor(2.0), out_dtype=torch.float32)
+    torch.testing.assert_close(c.double(), _ref_int(A, W.t()).double(), rtol=1e-6, atol=0)
+
+
+def test_seed_usage_round_trip():
+    """The seed's flow: quantize A per row and B per column, GEMM, compare with the float GEMM."""
+    torch.manual_seed(13)
+    A, B = torch.randn(33, 96), torch.randn(96, 20)
+    A_q, sa = quantize_symmetric(A)
+    B_q, sb = quantize_symmetric(B.T)
+    c = int8_gemm_dequant_fwd(A_q, B_q.T.contiguous(), sa, sb, out_dtype=torch.float32)
+    ref = A.double() @ B.double()
+    # int8 quantization error: a few percent of the typical output magnitude
+    assert (c.double() - ref).abs().max() < 0.05 * ref.abs().max()
+    torch.testing.assert_close(c.double(), _ref_deq(A_q, B_q.T, sa, sb), rtol=1e-5, atol=1e-4)
+
+
+def test_gemm_errors():
+    A, B = _rand_i8(4, 8), _rand_i8(8, 5)
+    sa, sb = torch.ones(4), torch.ones(5)
+    with pytest.raises(TypeError, match="A_q"):
+        int8_gemm_dequant_fwd(A.float(), B, sa, sb)
+    with pytest.raises(TypeError, match="B_q"):
+        int8_gemm_dequant_fwd(A, B.to(torch.int32), sa, sb)
+    with pytest.raises(ValueError, match="B_q"):
+        int8_gemm_dequant_fwd(A, _rand_i8(9, 5), sa, sb)
+    with pytest.raises(ValueError, match="A_q"):
+        int8_gemm_dequant_fwd(A[0], B, sa, sb)
+    with pytest.raises(ValueError, match="sa"):
+        int8_gemm_dequant_fwd(A, B, torch.ones(3), sb)
+    with pytest.raises(ValueError, match="sb"):
+        int8_gemm_dequant_fwd(A, B, sa, torch.ones(5, 2))
+    with pytest.raises(TypeError, match="sb"):
+        int8_gemm_dequant_fwd(A, B, sa, torch.ones(5, dtype=torch.int32))
+    with pytest.raises(ValueError, match="bias"):
+        int8_gemm_dequant_fwd(A, B, sa, sb, bias=torch.ones(4))
+    with pytest.raises(TypeError, match="out_dtype"):
+        int8_gemm_dequant_fwd(A, B, sa, sb, out_dtype=torch.int8)
+    with pytest.raises(ValueError, match="int32"):
+        int8_gemm_dequant_fwd(A, B, sa, sb, out_dtype=torch.int32)
+    with pytest.raises(ValueError, match="sa"):
+        int8_gemm_dequant_fwd(A, B, None, sb)
+    meta = torch.empty(4, 8, dtype=torch.int8, device="meta")
+    with pytest.raises(ValueError, match="B_q"):
+        int8_gemm_dequant_fwd(meta, B, sa, sb)
+
+
+def test_tuning_table_covers_arches():
+    for arch in ("sm90", "sm86", "cpu"):
+        for M in (1, 16, 17, 100, 1024, 5000):
+            cfg = gmod._table().lookup(arch, M=M, N=4096, K=4096, b_kmajor=True)
+            assert {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages"} <= cfg.keys()
+    assert gmod._table().lookup("sm86", M=512, N=1, K=1)["BLOCK_M"] == 64
+    assert gmod._table().lookup("sm86", M=2048, N=1, K=1)["BLOCK_M"] == 128
+
+
+# ------------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "M,N,K", [(1, 4096, 4096), (16, 14336, 4096), (33, 4096, 14336), (1000, 1000, 1000), (4096, 4096, 4096)]
+)
+@pytest.mark.parametrize("layout", ["kmajor", "rowmajor"])
+def test_int32_exact_gpu(M, N, K, layout):
+    torch.manual_seed(21)
+    A = _rand_i8(M, K, device="cuda")
+    B = _layouts(_rand_i8(N, K, device="cuda"))[layout]
+    c = int8_gemm_dequant_fwd(A, B, None, None, out_dtype=torch.int32)
+    ref = (A.double() @ B.double()).long()  # exact: |sum| < 2**53
+    assert torch.equal(c.long(), ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (16, 4096, 14336), (127, 515, 999), (2048, 2048, 2048)])
+def test_dequant_gpu(M, N, K, out_dtype):
+    torch.manual_seed(22)
+    A, W = _rand_i8(M, K, device="cuda"), _rand_i8(N, K, device="cuda")
+    sa = torch.rand(M, device="cuda") * 1e-3 + 1e-4
+    sb = torch.rand(N, device="cuda") * 1e-3 + 1e-4
+    bias = torch.randn(N, device="cuda", dtype=out_dtype)
+    c = int8_gemm_dequant_fwd(A, W.t(), sa, sb, bias=bias, out_dtype=out_dtype)
+    ref = (A.double() @ W.double().t()) * sa.double()[:, None] * sb.double()[None, :] + bias.double()
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[out_dtype]
+    torch.testing.assert_close(c.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("split_k", [1, 2, 4, 7, 16])
+def test_split_k_gpu(split_k, fused):
+    torch.manual_seed(23)
+    M, N, K = 16, 1000, 5000
+    A, W = _rand_i8(M, K, device="cuda"), _rand_i8(N, K, device="cuda")
+    cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, SPLIT_K=split_k, num_warps=4, num_stages=3)
+    cfg["FUSED_REDUCE"] = fused
+    ref = (A.double() @ W.double().t()).long()
+    for _ in range(20):  # repeated launches: a counter left non-zero or a race would show up
+        c = gmod._launch(A, W.t(), None, None, None, torch.int32, cfg)
+        assert torch.equal(c.long(), ref)
+
+
+@pytest.mark.gpu
+def test_split_k_cuda_graph_gpu():
+    """Decode path under CUDA-graph replay (how it is benchmarked and served)."""
+    torch.manual_seed(24)
+    A, W = _rand_i8(1, 4096, device="cuda"), _rand_i8(4096, 4096, device="cuda")
+    sa, sb = torch.rand(1, device="cuda") * 1e-3, torch.rand(4096, device="cuda") * 1e-3
+    f = lambda: int8_gemm_dequant_fwd(A, W.t(), sa, sb, out_dtype=torch.bfloat16)
+    ref = f().clone()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        f()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            out = f()
+    for _ in range(10):
+        A.random_(-127, 128)
+        g.replay()
+        torch.testing.assert_close(out, f(), rtol=0, atol=0)
+    assert not torch.equal(out, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("persistent", [0, 1, 2])
+@pytest.mark.parametrize("M,N,K", [(4096, 4096, 4096), (1000, 1000, 1008), (129, 14336, 4096)])
+def test_tma_variant_gpu(M, N, K, persistent):
+    torch.manual_seed(25)
+    A, W = _rand_i8(M, K, device="cuda"), _rand_i8(N, K, device="cuda")
+    cfg = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, GROUP_M=8, SPLIT_K=1, num_warps=8, num_stages=3, TMA=1)
+    cfg["PERSISTENT"] = persistent
+    assert gmod._tma_ok(A, W.t())
+    c = gmod._launch(A, W.t(), None, None, None, torch.int32, cfg)
+    assert torch.equal(c.long(), (A.double() @ W.double().t()).long())
+
+
+@pytest.mark.gpu
+def test_device_mismatch_gpu():
+    A = _rand_i8(4, 8, device="cuda")
+    with pytest.raises(ValueError, match="B_q"):
+        int8_gemm_dequant_fwd(A, _rand_i8(8, 5), torch.ones(4, device="cuda"), torch.ones(5, device="cuda"))
+    with pytest.raises(ValueError, match="sb"):
+        int8_gemm_dequant_fwd(A, _rand_i8(8, 5, device="cuda"), torch.ones(4, device="cuda"), torch.ones(5))
+
+
+@pytest.mark.gpu
+def test_torch_compile_no_graph_break():
+    A, W = _rand_i8(64, 256, device="cuda"), _rand_i8(128, 256, device="cuda")
+    sa, sb = torch.rand(64, device="cuda"), torch.rand(128, device="cuda")
+    f = torch.compile(lambda a, w, x, y: int8_gemm_dequant_fwd(a, w.t(), x, y), fullgraph=True)
+    torch.testing.assert_close(f(A, W, sa, sb), int8_gemm_dequant_fwd(A, W.t(), sa, sb))

@@ -1,0 +1,111 @@
+"""int8_linear (fused dynamic quant + GEMM) and the Int8Linear module."""
+
+import int8_gemm
+import pytest
+import torch
+from int8_gemm import Int8Linear, int8_linear, quantize_symmetric
+from torch import nn
+
+
+def _ref_linear(x, w_q, w_s, bias):
+    """float64 reference of the exact W8A8 math (same per-token quantization of x)."""
+    x_q, sa = quantize_symmetric(x.float())
+    y = (x_q.double() @ w_q.double().t()) * sa.double() * w_s.double().view(1, -1)
+    if bias is not None:
+        y = y + bias.double()
+    return y
+
+
+def test_public_api():
+    assert int8_gemm.__version__ == "0.1.0"
+    assert set(int8_gemm.__all__) >= {"quantize_symmetric", "int8_gemm_dequant_fwd", "int8_linear", "Int8Linear"}
+
+
+@pytest.mark.parametrize("lead", [(1,), (5,), (2, 3)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_int8_linear_matches_reference(lead, bias):
+    torch.manual_seed(len(lead) * 10 + bias)
+    K, N = 72, 40
+    x = torch.randn(*lead, K, dtype=torch.float16)
+    w_q = torch.randint(-127, 128, (N, K), dtype=torch.int8)
+    w_s = torch.rand(N) * 1e-2 + 1e-3
+    b = torch.randn(N) if bias else None
+    y = int8_linear(x, w_q, w_s, b)
+    assert y.dtype == torch.float16 and y.shape == (*lead, N)
+    ref = _ref_linear(x.reshape(-1, K), w_q, w_s, b).view(*lead, N)
+    torch.testing.assert_close(y.double(), ref, rtol=2e-3, atol=2e-3 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_int8linear_from_float(bias):
+    torch.manual_seed(3)
+    lin = nn.Linear(96, 33, bias=bias)
+    m = Int8Linear.from_float(lin)
+    assert m.weight.dtype == torch.int8 and m.weight.shape == (33, 96) and m.weight.is_contiguous()
+    assert m.weight_scale.shape == (33,) and m.weight_scale.dtype == torch.float32
+    # per-output-channel scales: each weight row reaches +-127
+    assert (m.weight.abs().amax(dim=1) == 127).all()
+    w_err = (lin.weight.double() - m.weight.double() * m.weight_scale.double()[:, None]).abs()
+    assert (w_err <= m.weight_scale.double()[:, None] * (0.5 + 1e-5)).all()
+    x = torch.randn(4, 7, 96, dtype=torch.float16)
+    y = m(x)
+    assert y.dtype == torch.float16 and y.shape == (4, 7, 33)
+    ref = _ref_linear(x.reshape(-1, 96), m.weight, m.weight_scale, m.bias).view(4, 7, 33)
+    torch.testing.assert_close(y.double(), ref, rtol=2e-3, atol=2e-3 * ref.abs().max().item())
+    # and close to the float layer, within int8 quantization error
+    fl = lin(x.float()).double()
+    assert (y.double() - fl).abs().max() < 0.05 * fl.abs().max()
+
+
+def test_int8linear_out_dtype_and_state_dict():
+    torch.manual_seed(4)
+    lin = nn.Linear(64, 16)
+    m = Int8Linear.from_float(lin, out_dtype=torch.float32)
+    assert m(torch.randn(3, 64, dtype=torch.float16)).dtype == torch.float32
+    m2 = Int8Linear(64, 16)
+    m2.load_state_dict(m.state_dict())
+    assert torch.equal(m2.weight, m.weight)
+    assert "in_features=64" in repr(m2)
+
+
+def test_int8_linear_errors():
+    w_q = torch.zeros(8, 16, dtype=torch.int8)
+    w_s = torch.ones(8)
+    with pytest.raises(ValueError, match="x"):
+        int8_linear(torch.randn(3, 15), w_q, w_s)
+    with pytest.raises(TypeError, match="w_q"):
+        int8_linear(torch.randn(3, 16), w_q.float(), w_s)
+    with pytest.raises(TypeError, match="x"):
+        int8_linear(torch.randint(0, 3, (3, 16)), w_q, w_s)
+    with pytest.raises(ValueError, match="w_scale"):
+        int8_linear(torch.randn(3, 16), w_q, torch.ones(7))
+    with pytest.raises(ValueError, match="bias"):
+        int8_linear(torch.randn(3, 16), w_q, w_s, torch.ones(9))
+    with pytest.raises(TypeError, match="linear"):
+        Int8Linear.from_float(nn.Conv1d(2, 2, 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 16, 32, 128, 1024])
+def test_int8linear_gpu(M, dtype):
+    torch.manual_seed(5)
+    lin = nn.Linear(4096, 14336, device="cuda", dtype=dtype)
+    m = Int8Linear.from_float(lin)
+    x = torch.randn(M, 4096, device="cuda", dtype=dtype)
+    y = m(x)
+    assert y.dtype == dtype and y.shape == (M, 14336)
+    ref = _ref_linear(x, m.weight, m.weight_scale, m.bias)
+    tol = 2e-3 if dtype == torch.float16 else 1.6e-2
+    torch.testing.assert_close(y.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+    fl = lin(x).double()
+    assert (y.double() - fl).abs().max() < 0.05 * fl.abs().max()
+
+
+@pytest.mark.gpu
+def test_int8linear_compile_gpu():
+    lin = nn.Linear(512, 256, device="cuda", dtype=torch.bfloat16)
+    m = Int8Linear.from_float(lin)
+    x = torch.randn(2, 9, 512, device="cuda", dtype=torch.bfloat16)
+    f = torch.compile(m, fullgraph=True)
+    torch.testing.assert_close(f(x), m(x))

@@ -1,0 +1,89 @@
+"""The ``llmk`` command line.
+
+    llmk info [--json] [--resolve]        GPU, versions, and which backend each op will use and why
+    llmk bench [attention|int8|rmsnorm|all ...] [--quick] [--json PATH] [--plot]
+                                          the benchmark suites (benchmarks/run_all.py) with a progress line
+
+Without a CUDA GPU ``bench`` is a labelled smoke pass: tiny sizes, Triton kernels under the interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import torch
+
+from .info import info
+
+BENCH_SUITES = ("attention", "int8", "rmsnorm", "all")
+
+
+def _print_info(d: dict[str, Any]) -> None:
+    gpu = d["gpu"]
+    if gpu:
+        print(
+            f"GPU:      {gpu['name']} (compute capability {gpu['compute_capability']}, {gpu['arch']}, "
+            f"{gpu['sm_count']} SMs, {gpu['memory_gib']} GiB)"
+        )
+    else:
+        print("GPU:      none (CUDA not available)")
+    print(f"Python:   {d['python']} on {d['platform']}")
+    print("Versions:")
+    for name, ver in d["versions"].items():
+        print(f"  {name:<17} {ver}")
+    print(f"TRITON_INTERPRET: {d['TRITON_INTERPRET'] or '(unset)'}")
+    print(f"Backends for {d['device']} tensors:")
+    for op, b in d["backends"].items():
+        print(f"  {op:<26} {b.get('backend', '?'):<12} {b.get('why', '')}")
+        extra = b.get("package_info")
+        if extra:
+            print(f"  {'':<26} {'':<12} package says: {json.dumps(extra, default=str)}")
+
+
+def _bench(argv: list[str]) -> int:
+    from flashattn_triton._common import interpreter_enabled
+
+    if not torch.cuda.is_available() and not interpreter_enabled():
+        # Triton picks interpreter vs compiler when the kernels are decorated, i.e. at import, and this
+        # process already imported them: rerun with the interpreter switched on from the start.
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        return subprocess.call([sys.executable, "-m", "llm_kernels.cli", "bench", *argv], env=env)
+    from ._benchmarks import run_all
+
+    return int(run_all.main(argv) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="llmk", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p_info = sub.add_parser("info", help="GPU, versions and the backend each op will use")
+    p_info.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p_info.add_argument(
+        "--resolve", action="store_true", help="resolve the CUDA extension's backend now (may JIT-compile: minutes)"
+    )
+    p_bench = sub.add_parser("bench", help="run the benchmark suites and print the ratio table")
+    p_bench.add_argument("suites", nargs="*", default=["all"], choices=BENCH_SUITES)
+    p_bench.add_argument("--quick", action="store_true", help="a short pass")
+    p_bench.add_argument("--json", metavar="PATH", default=None, help="where to write the results JSON (+ .md)")
+    p_bench.add_argument("--plot", action="store_true", help="also write ratio plots beside the JSON")
+    args = ap.parse_args(argv)
+
+    if args.cmd == "info":
+        d = info(resolve=args.resolve)
+        if args.json:
+            print(json.dumps(d, indent=1, default=str))
+        else:
+            _print_info(d)
+        return 0
+    # bench: hand the (validated) arguments to benchmarks/run_all.py unchanged
+    return _bench(argv[argv.index("bench") + 1 :])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
