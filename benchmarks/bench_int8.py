@@ -79,6 +79,19 @@ def _llm_weight(suite: Suite, ms, N: int, K: int, device) -> None:
         _llm_case(suite, M, N, K, w, qlin, device)
 
 
+def _with_fused_quant_bytes(limit: int, qlin, x):
+    """Run qlin(x) with int8_linear's fused-quantization threshold forced (Python-level switch,
+    so a CUDA graph captures the chosen path)."""
+    from int8_gemm.ops import linear as lmod
+
+    old = lmod.FUSED_QUANT_MAX_BYTES
+    lmod.FUSED_QUANT_MAX_BYTES = limit
+    try:
+        return qlin(x)
+    finally:
+        lmod.FUSED_QUANT_MAX_BYTES = old
+
+
 def _llm_case(suite: Suite, M: int, N: int, K: int, w, qlin, device) -> None:
     x = torch.randn(M, K, device=device, dtype=torch.bfloat16)
     x_q, sa = int8_gemm.quantize_symmetric(x)
@@ -91,6 +104,9 @@ def _llm_case(suite: Suite, M: int, N: int, K: int, w, qlin, device) -> None:
         ),
         "Int8Linear e2e": lambda x=x: qlin(x),
     }
+    if M <= 16:  # both decode variants, to check the FUSED_QUANT_MAX_BYTES switch point
+        impls["Int8Linear e2e [quant kernel + GEMM]"] = lambda x=x: _with_fused_quant_bytes(0, qlin, x)
+        impls["Int8Linear e2e [quant fused in GEMM]"] = lambda x=x: _with_fused_quant_bytes(1 << 40, qlin, x)
     if M > 16 and not smoke_mode():
         impls["torch._int_mm raw"] = lambda x_q=x_q: torch._int_mm(x_q, wt)
     suite.compare(

@@ -117,6 +117,8 @@ def compile_for(arch: int) -> None:
             B_K_CONTIG=True,
             B_N_CONTIG=False,
             EVEN_K=True,
+            EVEN_M=M % cfg["BLOCK_M"] == 0,
+            EVEN_N=N % cfg["BLOCK_N"] == 0,
             BLOCK_M=cfg["BLOCK_M"],
             BLOCK_N=cfg["BLOCK_N"],
             BLOCK_K=cfg["BLOCK_K"],
@@ -132,6 +134,21 @@ def compile_for(arch: int) -> None:
         k = triton.compile(src, target=target, options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
         short = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} w{num_warps} s{num_stages}".format(**cfg) + f" sk{split}"
         print(_line("_int8_gemm_kernel", f"[{label}] {short}", k.asm["cubin"]))
+    # The TMA variant (a tuning candidate on SM90): descriptor operands instead of pointers.
+    if arch >= 90:
+        tf = G._int8_gemm_tma_kernel
+        bm, bn, bk = 128, 256, 128
+        tsig = dict(zip(tf.arg_names, [f"tensordesc<i8[{bm}, {bk}]>", f"tensordesc<i8[{bn}, {bk}]>"]))
+        tsig |= dict(zip(tf.arg_names[2:13], ["*fp16", "*fp32", "*fp32", "*fp32"] + ["i32"] * 7))
+        tconsts = dict(HAS_BIAS=False, OUT_INT32=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, NUM_PROGS=132)
+        tsig |= {k: "constexpr" for k in tconsts}
+        tattrs = div16(tf, ["c_ptr", "sa_ptr", "sb_ptr", "M", "N", "K", "stride_cm"])
+        k = triton.compile(
+            ASTSource(fn=tf, signature=tsig, constexprs=tconsts, attrs=tattrs),
+            target=target,
+            options=dict(num_warps=8, num_stages=3),
+        )
+        print(_line("_int8_gemm_tma_kernel", f"[large, TMA persistent] {bm}x{bn}x{bk} w8 s3", k.asm["cubin"]))
     qf = Q._quantize_rows_kernel
     qsig = dict(zip(qf.arg_names, ["*bf16", "*i8", "*fp32", "i32", "i32", "i32", "i32", "i32"]))
     qconsts = dict(MIN_AMAX=Q.MIN_ABSMAX, BLOCK_R=1, BLOCK_K=4096, ONE_PASS=True, X_K_CONTIG=True)

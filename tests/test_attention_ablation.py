@@ -72,8 +72,8 @@ def test_full_grid_and_finite_numbers(tiny_run):
         assert math.isfinite(r["tokens_per_s"]) and r["tokens_per_s"] > 0
         if r["kind"] == "train":
             assert math.isfinite(r["val_ppl"]) and 1.0 < r["val_ppl"] < 256.0
-        # Training moved the weights: the loss of the last step differs from the first.
-        assert r["train_losses"][-1] != r["train_losses"][0]
+            # Training moved the weights: the loss of the last step differs from the first.
+            assert r["train_losses"][-1] != r["train_losses"][0]
 
 
 def test_flash_matches_naive_training(tiny_run):

@@ -12,7 +12,7 @@ import torch
 
 def test_three_ops_compose_into_an_attention_sublayer():
     g = torch.Generator().manual_seed(7)
-    b, n, hidden, heads, kv_heads, hd = 2, 9, 48, 4, 2, 12
+    b, n, hidden, heads, kv_heads, hd = 2, 9, 48, 4, 2, 16
     x = torch.randn(b, n, hidden, generator=g)
     w_norm = 1.0 + 0.3 * torch.randn(hidden, generator=g)
     w_qkv = torch.randn((heads + 2 * kv_heads) * hd, hidden, generator=g) * hidden**-0.5

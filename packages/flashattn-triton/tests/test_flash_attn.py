@@ -186,7 +186,7 @@ def test_decode_num_splits_fills_the_gpu():
     dev = torch.device("cpu")
     s = F.decode_num_splits(dev, 8, 32768, 64)
     assert 8 * s >= 2 * F._num_sms(dev)
-    assert F.decode_num_splits(dev, 8, 64, 64) == 1  # never split below two tiles per split
+    assert F.decode_num_splits(dev, 8, 64, 64) == 1  # never split below one tile per split
 
 
 def test_tuning_table_covers_every_supported_shape():

@@ -242,19 +242,27 @@ def test_split_k_gpu(split_k, fused):
         assert torch.equal(c.long(), ref)
 
 
+class _Forbidden:
+    def __getitem__(self, grid):
+        raise AssertionError("the two-kernel split-K reduction ran; the fused one was expected")
+
+
 @pytest.mark.gpu
-def test_split_k_cuda_graph_gpu():
-    """Decode path under CUDA-graph replay (how it is benchmarked and served)."""
+def test_split_k_cuda_graph_gpu(monkeypatch):
+    """Decode path under CUDA-graph replay (how it is benchmarked and served): the fused split-K
+    reduction must be used inside the capture too (torch.cuda.graph captures on its own stream)."""
     torch.manual_seed(24)
     A, W = _rand_i8(1, 4096, device="cuda"), _rand_i8(4096, 4096, device="cuda")
     sa, sb = torch.rand(1, device="cuda") * 1e-3, torch.rand(4096, device="cuda") * 1e-3
-    f = lambda: int8_gemm_dequant_fwd(A, W.t(), sa, sb, out_dtype=torch.bfloat16)
+    cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, GROUP_M=1, SPLIT_K=4, num_warps=4, num_stages=4)
+    f = lambda: gmod._launch(A, W.t(), sa, sb, None, torch.bfloat16, cfg)
     ref = f().clone()
+    monkeypatch.setattr(gmod, "_splitk_reduce_kernel", _Forbidden())
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         f()
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
+        with torch.cuda.graph(g):
             out = f()
     for _ in range(10):
         A.random_(-127, 128)
@@ -291,3 +299,19 @@ def test_torch_compile_no_graph_break():
     sa, sb = torch.rand(64, device="cuda"), torch.rand(128, device="cuda")
     f = torch.compile(lambda a, w, x, y: int8_gemm_dequant_fwd(a, w.t(), x, y), fullgraph=True)
     torch.testing.assert_close(f(A, W, sa, sb), int8_gemm_dequant_fwd(A, W.t(), sa, sb))
+
+
+def test_custom_op_registration():
+    """Fake kernels + schema are consistent, and torch.compile traces the op without graph breaks."""
+    from int8_gemm.ops import linear as lmod
+    from int8_gemm.ops import quantize as qmod
+
+    torch.manual_seed(41)
+    A, W = _rand_i8(5, 64), _rand_i8(24, 64)
+    sa, sb = torch.rand(5), torch.rand(24)
+    torch.library.opcheck(gmod._gemm_dequant_op, (A, W.t(), sa, sb, None, torch.float16))
+    torch.library.opcheck(gmod._gemm_dequant_op, (A, W.t(), None, None, None, torch.int32))
+    torch.library.opcheck(qmod._quantize_rows_op, (torch.randn(5, 64),))
+    torch.library.opcheck(lmod._int8_linear_op, (torch.randn(5, 64), W, sb, torch.randn(24), torch.float32))
+    f = torch.compile(lambda a, w, x, y: int8_gemm_dequant_fwd(a, w.t(), x, y), fullgraph=True, backend="aot_eager")
+    assert torch.equal(f(A, W, sa, sb), int8_gemm_dequant_fwd(A, W.t(), sa, sb))

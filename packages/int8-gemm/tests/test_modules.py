@@ -36,6 +36,35 @@ def test_int8_linear_matches_reference(lead, bias):
     torch.testing.assert_close(y.double(), ref, rtol=2e-3, atol=2e-3 * ref.abs().max().item())
 
 
+@pytest.mark.parametrize("M", [1, 3, 16])
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_fused_quant_path_matches_two_kernel_path(M, split_k, monkeypatch):
+    """Decode path: the GEMM quantizes x itself; results must equal quantize kernel + GEMM exactly."""
+    from int8_gemm.ops import gemm as gmod
+    from int8_gemm.ops import linear as lmod
+
+    if gmod.select_backend(torch.device("cpu")) is not gmod.Backend.INTERPRETER:
+        pytest.skip("the fused kernel path needs TRITON_INTERPRET=1 on CPU")
+    torch.manual_seed(M * 10 + split_k)
+    K, N = 200, 40  # K not a multiple of BLOCK_K
+    x = torch.randn(M, K, dtype=torch.float16)
+    x[0, 5] = 30.0  # outlier row
+    if M > 2:
+        x[1] = 0  # zero row
+    w_q = torch.randint(-127, 128, (N, K), dtype=torch.int8)
+    w_s = torch.rand(N) * 1e-2 + 1e-3
+    b = torch.randn(N)
+    cfg = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, SPLIT_K=split_k, num_warps=4, num_stages=1)
+    monkeypatch.setattr(gmod, "_config_for", lambda *a, **k: dict(cfg))
+    assert lmod._use_fused_quant(x)
+    fused = int8_linear(x, w_q, w_s, b, out_dtype=torch.float32)
+    monkeypatch.setattr(lmod, "FUSED_QUANT_MAX_BYTES", 0)
+    two_kernel = int8_linear(x, w_q, w_s, b, out_dtype=torch.float32)
+    assert torch.equal(fused, two_kernel)
+    ref = _ref_linear(x, w_q, w_s, b)
+    torch.testing.assert_close(fused.double(), ref, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("bias", [True, False])
 def test_int8linear_from_float(bias):
     torch.manual_seed(3)
@@ -100,6 +129,24 @@ def test_int8linear_gpu(M, dtype):
     torch.testing.assert_close(y.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
     fl = lin(x).double()
     assert (y.double() - fl).abs().max() < 0.05 * fl.abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 2, 4])
+@pytest.mark.parametrize("K", [4096, 14336])
+def test_fused_quant_path_gpu(M, K, monkeypatch):
+    from int8_gemm.ops import linear as lmod
+
+    torch.manual_seed(6)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w_q = torch.randint(-127, 128, (4096, K), dtype=torch.int8, device="cuda")
+    w_s = torch.rand(4096, device="cuda") * 1e-3
+    fused = int8_linear(x, w_q, w_s, out_dtype=torch.float32)
+    monkeypatch.setattr(lmod, "FUSED_QUANT_MAX_BYTES", 0)
+    two_kernel = int8_linear(x, w_q, w_s, out_dtype=torch.float32)
+    torch.testing.assert_close(fused, two_kernel, rtol=1e-6, atol=1e-6)  # same codes; fp32 sum order
+    ref = _ref_linear(x, w_q, w_s, None)
+    torch.testing.assert_close(fused.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
 
 
 @pytest.mark.gpu

@@ -88,3 +88,15 @@ def test_bench_quick_smoke_cpu(tmp_path):
     assert data["smoke"] is True and data["records"]
     assert {r["suite"] for r in data["records"]} and all(r["ms"] > 0 for r in data["records"])
     assert out.with_suffix(".md").exists()
+
+
+def test_bench_arguments_reach_run_all(monkeypatch):
+    """Suites/flags pass through unchanged; without --json the results go under ./llmk-bench-results/."""
+    seen = []
+    monkeypatch.setattr(cli, "_bench", lambda argv: seen.append(argv) or 0)
+    assert cli.main(["bench", "attention", "int8", "--quick", "--plot"]) == 0
+    argv = seen[-1]
+    assert argv[:4] == ["attention", "int8", "--quick", "--plot"]
+    assert argv[4] == "--json" and argv[5].startswith("llmk-bench-results") and argv[5].endswith(".json")
+    assert cli.main(["bench", "--json", "x/y.json"]) == 0
+    assert seen[-1] == ["all", "--json", "x/y.json"]

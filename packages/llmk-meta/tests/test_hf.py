@@ -130,6 +130,17 @@ def test_padding_mask_falls_back_and_stays_correct():
     assert _delta(before)["kernel"] == CFG["num_hidden_layers"]
 
 
+def test_unsupported_head_dim_falls_back():
+    """head_dim 12 is not a kernel size (multiples of 8): every call goes to SDPA, results unchanged."""
+    ref = _tiny_llama(seed=7, hidden_size=48, num_attention_heads=4, num_key_value_heads=2)
+    model = llm_kernels.patch_model(copy.deepcopy(ref))
+    ids = torch.randint(0, CFG["vocab_size"], (1, 6), generator=torch.Generator().manual_seed(7))
+    before = _stats()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, ref(ids).logits, rtol=1e-4, atol=1e-4)
+    assert _delta(before) == {"kernel": 0, "fallback": CFG["num_hidden_layers"]}
+
+
 def test_int8_patch_close_to_float():
     ref = _tiny_llama(seed=4)
     model = llm_kernels.patch_model(copy.deepcopy(ref), int8=True)

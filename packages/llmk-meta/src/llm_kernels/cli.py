@@ -2,7 +2,8 @@
 
     llmk info [--json] [--resolve]        GPU, versions, and which backend each op will use and why
     llmk bench [attention|int8|rmsnorm|all ...] [--quick] [--json PATH] [--plot]
-                                          the benchmark suites (benchmarks/run_all.py) with a progress line
+                                          the benchmark suites (benchmarks/run_all.py) with a progress line;
+                                          JSON + markdown go to PATH (default ./llmk-bench-results/<gpu>.json)
 
 Without a CUDA GPU ``bench`` is a labelled smoke pass: tiny sizes, Triton kernels under the interpreter.
 """
@@ -68,11 +69,18 @@ def main(argv: list[str] | None = None) -> int:
         "--resolve", action="store_true", help="resolve the CUDA extension's backend now (may JIT-compile: minutes)"
     )
     p_bench = sub.add_parser("bench", help="run the benchmark suites and print the ratio table")
-    p_bench.add_argument("suites", nargs="*", default=["all"], choices=BENCH_SUITES)
+    # choices checked by hand: argparse (3.11) rejects an empty nargs="*" positional that has `choices`
+    p_bench.add_argument(
+        "suites", nargs="*", metavar="SUITE", help=f"one or more of {', '.join(BENCH_SUITES)} (default all)"
+    )
     p_bench.add_argument("--quick", action="store_true", help="a short pass")
     p_bench.add_argument("--json", metavar="PATH", default=None, help="where to write the results JSON (+ .md)")
     p_bench.add_argument("--plot", action="store_true", help="also write ratio plots beside the JSON")
     args = ap.parse_args(argv)
+    if args.cmd == "bench":
+        bad = [x for x in args.suites if x not in BENCH_SUITES]
+        if bad:
+            p_bench.error(f"invalid choice: {bad[0]!r} (choose from {', '.join(BENCH_SUITES)})")
 
     if args.cmd == "info":
         d = info(resolve=args.resolve)
@@ -81,8 +89,17 @@ def main(argv: list[str] | None = None) -> int:
         else:
             _print_info(d)
         return 0
-    # bench: hand the (validated) arguments to benchmarks/run_all.py unchanged
-    return _bench(argv[argv.index("bench") + 1 :])
+    # bench: hand the (validated) arguments to benchmarks/run_all.py
+    bench_argv = argv[argv.index("bench") + 1 :]
+    if not args.suites:  # name the suites explicitly: run_all's own empty-list default trips the same argparse check
+        bench_argv = ["all", *bench_argv]
+    if args.json is None:
+        # run_all's default is inside the package (site-packages when installed): write to the cwd instead
+        from ._benchmarks import harness
+
+        slug = harness.gpu_slug() + ("-quick" if args.quick and not harness.smoke_mode() else "")
+        bench_argv += ["--json", os.path.join("llmk-bench-results", f"{slug}.json")]
+    return _bench(bench_argv)
 
 
 if __name__ == "__main__":

@@ -90,6 +90,8 @@ def llm_kernels_attention(
         or kwargs.get("s_aux") is not None
         or query.shape[-1] != key.shape[-1]
         or query.shape[-1] != value.shape[-1]
+        or query.shape[-1] % 8  # the kernel takes head dims that are multiples of 8 up to 256
+        or query.shape[-1] > 256
     )
     if unsupported:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward

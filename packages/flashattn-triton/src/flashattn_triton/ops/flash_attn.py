@@ -1112,10 +1112,10 @@ def _fwd_launch(q, k, v, out, lse, causal, sm_scale, cfg, cu_q=None, cu_k=None, 
 
 
 def decode_num_splits(device: torch.device, batch_kv_heads: int, nk: int, block_n: int) -> int:
-    """Enough KV splits that B*Hkv*splits covers ~2 waves of SMs, each split >= 2 KV tiles."""
+    """Enough KV splits that B*Hkv*splits covers ~2 waves of SMs (at least one KV tile per split)."""
     n_blocks = triton.cdiv(nk, block_n)
     want = triton.cdiv(2 * _num_sms(device), batch_kv_heads)
-    return max(1, min(want, triton.cdiv(n_blocks, 2), 256))
+    return max(1, min(want, n_blocks, 256))
 
 
 def _decode_launch(q, k, v, out, lse, causal, sm_scale, cfg, num_splits=None):

@@ -6,7 +6,7 @@
 // * each warp then streams whole rows of W (or a 1/ksplit slice of K when N alone cannot fill the
 //   GPU) with 16-byte loads, multiplies by g and by every x row on the fly and accumulates in fp32;
 // * blocks loop over N (grid-stride), so the per-block rstd prologue is amortised over many W rows;
-// * rows beyond R are processed by further row chunks (gridDim.y), reading W again mostly from L2.
+// * rows beyond R (<= 16) are processed by further row chunks (gridDim.y), reading W again.
 // x and g are tiny and re-read by every warp: they go through the read-only/L1 path; W is loaded
 // with the streaming hint. Plain CUDA, so it builds for every arch down to sm_70.
 #include "frms.h"
@@ -156,15 +156,17 @@ void launch(const void* x, int64_t ldx, const void* g, const void* w, int64_t ld
 template <typename T>
 void launch_rows(const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw, const void* bias, void* y,
                  int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int ksplit, int grid_x, cudaStream_t s) {
-  // Rows per chunk: the smallest of 1/2/4/8 that covers M (8-row chunks beyond that).
+  // Rows per chunk: the smallest of 1/2/4/8/16 that covers M (16-row chunks beyond that).
   if (M <= 1)
     launch<T, 1>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
   else if (M <= 2)
     launch<T, 2>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
   else if (M <= 4)
     launch<T, 4>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
-  else
+  else if (M <= 8)
     launch<T, 8>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
+  else  // 16-row chunks: W is streamed ceil(M / 16) times (a 14336x4096 W does not fit in L2)
+    launch<T, 16>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
 }
 }  // namespace
 
@@ -174,7 +176,7 @@ extern "C" int frms_decode(int dtype, const void* x, int64_t ldx, const void* g,
   if (M <= 0 || N <= 0) return 0;
   if (K <= 0 || K % frms::kVec || ldx % frms::kVec || ldw % frms::kVec) return FRMS_ERR_BAD_ARG;
   if (!frms::aligned16(x) || !frms::aligned16(g) || !frms::aligned16(w)) return FRMS_ERR_BAD_ARG;
-  if ((M + 7) / 8 > 65535) return FRMS_ERR_BAD_ARG;  // gridDim.y limit; the small-M path never gets near it
+  if ((M + 15) / 16 > 65535) return FRMS_ERR_BAD_ARG;  // gridDim.y limit; the small-M path never gets near it
   const int sms = frms::sm_count();
   if (ksplit <= 0) {
     // Split K only when N alone gives fewer than ~32 warps of work per SM.

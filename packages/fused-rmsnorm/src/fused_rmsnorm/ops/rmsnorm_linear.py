@@ -94,6 +94,11 @@ def _as_2d_rows(t: torch.Tensor, name: str) -> torch.Tensor:
     return t2 if ok else t2.contiguous()
 
 
+def _ld(t: torch.Tensor) -> int:
+    """Row stride to pass to the kernels (a single row's stride is meaningless: use its length)."""
+    return t.stride(0) if t.shape[0] > 1 else t.shape[1]
+
+
 def _vec(t: torch.Tensor | None) -> torch.Tensor | None:
     if t is None:
         return None
@@ -101,8 +106,9 @@ def _vec(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def fold_weight(w_norm: torch.Tensor, w_lin: torch.Tensor) -> torch.Tensor:
-    """W' = W * g (column scale), rounded once to the weight dtype."""
-    return (w_lin.float() * w_norm.float()).to(w_lin.dtype)
+    """W' = W * g (column scale). The product of two fp16/bf16 values is exact in fp32, so the
+    native-dtype multiply rounds once, like an fp32 multiply would, without an fp32 copy of W."""
+    return w_lin * w_norm
 
 
 def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
@@ -139,25 +145,25 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
         w2 = _as_2d_rows(w_lin, "w_lin")
         g = _vec(w_norm)
         mod.decode(
-            dt, x2.data_ptr(), x2.stride(0), g.data_ptr(), w2.data_ptr(), w2.stride(0), bptr,
+            dt, x2.data_ptr(), _ld(x2), g.data_ptr(), w2.data_ptr(), _ld(w2), bptr,
             out.data_ptr(), out.stride(0), M, N, D, float(eps), int(p.get("ksplit", 0)),
             int(p.get("grid_blocks", 0)), stream,
         )  # fmt: skip
         return out.reshape(*lead, N)
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
-    mod.rstd(dt, x2.data_ptr(), x2.stride(0), rstd.data_ptr(), M, D, float(eps), stream)
+    mod.rstd(dt, x2.data_ptr(), _ld(x2), rstd.data_ptr(), M, D, float(eps), stream)
     wf = w_folded if w_folded is not None else fold_weight(w_norm, w_lin)
     wf = _as_2d_rows(wf, "w_folded")
     if p["path"] == "gemm":
         cfg = int(p.get("config", 0))
         if cap[0] == 9:
             mod.gemm_sm90(
-                dt, cfg, x2.data_ptr(), x2.stride(0), wf.data_ptr(), wf.stride(0), rstd.data_ptr(), bptr,
+                dt, cfg, x2.data_ptr(), _ld(x2), wf.data_ptr(), _ld(wf), rstd.data_ptr(), bptr,
                 out.data_ptr(), out.stride(0), M, N, D, bool(p.get("pdl", True)), stream,
             )  # fmt: skip
         else:
             mod.gemm_sm80(
-                dt, cfg, x2.data_ptr(), x2.stride(0), wf.data_ptr(), wf.stride(0), rstd.data_ptr(), bptr,
+                dt, cfg, x2.data_ptr(), _ld(x2), wf.data_ptr(), _ld(wf), rstd.data_ptr(), bptr,
                 out.data_ptr(), out.stride(0), M, N, D, stream,
             )  # fmt: skip
         return out.reshape(*lead, N)

@@ -35,6 +35,7 @@ except ImportError:  # pragma: no cover
     _TensorDescriptor = None
 
 from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend
+from .quantize import MIN_ABSMAX, _rne
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.int32)
 _TUNING_PATH = Path(__file__).resolve().parent.parent / "tuning.json"
@@ -58,8 +59,11 @@ def _epilogue(
     stride_sb,
     HAS_BIAS: tl.constexpr,
     OUT_INT32: tl.constexpr,
+    sa_vals=0.0,
+    SA_GIVEN: tl.constexpr = False,
 ):
-    """int32 tile -> (acc * sa * sb + bias) in the output dtype, masked store. offs_* are int64."""
+    """int32 tile -> (acc * sa * sb + bias) in the output dtype, masked store. offs_* are int64.
+    sa comes from sa_ptr, or from sa_vals (BLOCK_M,) when the kernel computed it (SA_GIVEN)."""
     mask_m = offs_m < M
     mask_n = offs_n < N
     mask = mask_m[:, None] & mask_n[None, :]
@@ -67,7 +71,10 @@ def _epilogue(
     if OUT_INT32:
         tl.store(c_ptrs, acc, mask=mask)
     else:
-        sa = tl.load(sa_ptr + offs_m * stride_sa, mask=mask_m, other=0.0)
+        if SA_GIVEN:
+            sa = sa_vals
+        else:
+            sa = tl.load(sa_ptr + offs_m * stride_sa, mask=mask_m, other=0.0)
         sb = tl.load(sb_ptr + offs_n * stride_sb, mask=mask_n, other=0.0)
         c = acc.to(tl.float32) * sa[:, None] * sb[None, :]
         if HAS_BIAS:
@@ -102,12 +109,16 @@ def _int8_gemm_kernel(
     B_K_CONTIG: tl.constexpr,
     B_N_CONTIG: tl.constexpr,
     EVEN_K: tl.constexpr,
+    EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr,
     FUSED_REDUCE: tl.constexpr,
+    QUANT_A: tl.constexpr = False,
+    MIN_AMAX: tl.constexpr = 1e-30,
 ):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -125,10 +136,18 @@ def _int8_gemm_kernel(
     # which can pass 2**31 for big operands. (An int64 `%` would be a slow call per element.)
     offs_m32 = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n32 = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    # Wrap out-of-range rows/cols onto valid ones so operand loads need no M/N mask; the
-    # garbage rows/cols they produce are masked at the store.
-    ram = tl.max_contiguous(tl.multiple_of(offs_m32 % M, BLOCK_M), BLOCK_M).to(tl.int64)
-    rbn = tl.max_contiguous(tl.multiple_of(offs_n32 % N, BLOCK_N), BLOCK_N).to(tl.int64)
+    # Partial edge tiles wrap out-of-range rows/cols onto valid ones so operand loads need no
+    # M/N mask (the garbage rows/cols are masked at the store). Contiguity hints only where they
+    # hold (full tiles): they matter for a column-major A or row-major B, whose M/N is the
+    # contiguous dim; a wrapped partial tile there loads element-wise.
+    if EVEN_M:
+        ram = tl.max_contiguous(tl.multiple_of(offs_m32, BLOCK_M), BLOCK_M).to(tl.int64)
+    else:
+        ram = (offs_m32 % M).to(tl.int64)
+    if EVEN_N:
+        rbn = tl.max_contiguous(tl.multiple_of(offs_n32, BLOCK_N), BLOCK_N).to(tl.int64)
+    else:
+        rbn = (offs_n32 % N).to(tl.int64)
     offs_m = offs_m32.to(tl.int64)
     offs_n = offs_n32.to(tl.int64)
 
@@ -154,6 +173,25 @@ def _int8_gemm_kernel(
         b_ptrs = b_ptr + rk[:, None] * stride_bk + rbn[None, :] * stride_bn
         b_step = blk * stride_bk
 
+    if QUANT_A:
+        # Fused dynamic per-token quantization (decode): A is the float activation. Every program
+        # reads its BLOCK_M rows over the full K once for the absmax (a few KB, L2-resident after
+        # the first program), then quantizes each A tile in registers with the quantizer's math.
+        a_rows = a_ptr + ram[:, None] * stride_am
+        amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = offs_k[None, :] + k0
+            if A_K_CONTIG:
+                xa = tl.load(a_rows + kk, mask=kk < K, other=0.0)
+            else:
+                xa = tl.load(a_rows + kk.to(tl.int64) * stride_ak, mask=kk < K, other=0.0)
+            amax = tl.maximum(amax, tl.max(tl.abs(xa.to(tl.float32)), axis=1))
+        amax = tl.maximum(amax, MIN_AMAX)
+        a_inv = 127.0 / amax
+        sa_vals = amax / 127.0
+    else:
+        sa_vals = 0.0
+
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     n_iters = tl.cdiv(tl.minimum(K - k_start, k_per_split), BLOCK_K)
     for it in range(0, n_iters):
@@ -164,6 +202,8 @@ def _int8_gemm_kernel(
             k_left = K - k_start - it * BLOCK_K
             a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0)
+        if QUANT_A:
+            a = tl.minimum(tl.maximum(_rne(a.to(tl.float32) * a_inv[:, None]), -127.0), 127.0).to(tl.int8)
         acc = tl.dot(a, b, acc, out_dtype=tl.int32)
         a_ptrs += a_step
         b_ptrs += b_step
@@ -171,7 +211,7 @@ def _int8_gemm_kernel(
     if SPLIT_K == 1:
         _epilogue(
             acc, c_ptr, sa_ptr, sb_ptr, bias_ptr, offs_m, offs_n, M, N,
-            stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32,
+            stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32, sa_vals, QUANT_A,
         )  # fmt: skip
     else:
         # int32 partials, summed exactly before any scaling.
@@ -195,7 +235,7 @@ def _int8_gemm_kernel(
                     part_ptrs += plane
                 _epilogue(
                     acc, c_ptr, sa_ptr, sb_ptr, bias_ptr, offs_m, offs_n, M, N,
-                    stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32,
+                    stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32, sa_vals, QUANT_A,
                 )  # fmt: skip
                 tl.atomic_xchg(cnt_ptr + pid, 0)  # self-reset for the next launch
 
@@ -324,18 +364,21 @@ def _auto_split_k(M: int, N: int, K: int, cfg: dict[str, Any], num_sms: int) -> 
 
 def _config_for(M: int, N: int, K: int, device: torch.device, b_kmajor: bool) -> dict[str, Any]:
     arch = arch_key(device)
-    if device.type == "cuda" and os.environ.get("INT8_GEMM_AUTOTUNE", "0") not in ("", "0"):
-        cfg = _autotuned(arch, m_bucket(M), N, K, b_kmajor, device.index or 0)
+    autotune = os.environ.get("INT8_GEMM_AUTOTUNE", "0") not in ("", "0")
+    if autotune and device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+        cfg = _autotuned(arch, M, N, K, b_kmajor, device.index or 0)
         if cfg is not None:
             return dict(cfg)
     return _table().lookup(arch, M=M, N=N, K=K, b_kmajor=b_kmajor)
 
 
 # Candidate space for the opt-in autotuner (and scripts/tune_int8.py): pruned per M bucket.
+# SPLIT_K 0 = automatic; TMA = descriptor-based kernel (SM90+), PERSISTENT = programs per SM.
 def candidate_configs(M: int, arch: str = "sm90") -> list[dict[str, Any]]:
-    def c(bm, bn, bk, g, sk, w, s):
-        return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=g, SPLIT_K=sk, num_warps=w, num_stages=s)
+    def c(bm, bn, bk, g, sk, w, s, **kw):
+        return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=g, SPLIT_K=sk, num_warps=w, num_stages=s, **kw)
 
+    tma = arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= 90
     if M <= 16:
         return [
             c(16, 64, 256, 1, 0, 4, 4),
@@ -343,7 +386,7 @@ def candidate_configs(M: int, arch: str = "sm90") -> list[dict[str, Any]]:
             c(16, 64, 512, 1, 0, 4, 3),
             c(16, 32, 256, 1, 0, 4, 5),
             c(16, 64, 128, 1, 0, 4, 6),
-            c(16, 128, 128, 1, 0, 4, 6),
+            c(16, 128, 128, 1, 0, 8, 5),
         ]
     if M <= 64:
         return [
@@ -360,35 +403,46 @@ def candidate_configs(M: int, arch: str = "sm90") -> list[dict[str, Any]]:
             c(64, 256, 128, 8, 0, 8, 4),
             c(128, 64, 128, 8, 0, 4, 5),
             c(128, 128, 128, 8, 1, 8, 4),
-        ]
-    return [
-        c(128, 256, 128, 8, 1, 8, 4),
+            c(64, 256, 128, 8, 1, 4, 4),
+        ] + ([c(128, 128, 128, 8, 1, 8, 4, TMA=1), c(64, 256, 128, 8, 1, 4, 4, TMA=1)] if tma else [])
+    cands = [
         c(128, 256, 128, 8, 1, 8, 3),
+        c(128, 256, 128, 8, 1, 8, 4),
         c(128, 128, 128, 8, 1, 8, 4),
         c(128, 128, 128, 8, 1, 4, 4),
-        c(256, 128, 128, 8, 1, 8, 4),
+        c(256, 128, 128, 8, 1, 8, 3),
         c(128, 256, 64, 8, 1, 8, 5),
         c(64, 256, 128, 8, 1, 4, 4),
     ]
+    if tma:
+        cands += [
+            c(128, 256, 128, 8, 1, 8, 3, TMA=1),
+            c(128, 256, 128, 8, 1, 8, 4, TMA=1),
+            c(128, 256, 128, 8, 1, 8, 3, TMA=1, PERSISTENT=1),
+            c(128, 256, 128, 8, 1, 8, 4, TMA=1, PERSISTENT=1),
+            c(256, 128, 128, 8, 1, 8, 3, TMA=1),
+            c(128, 128, 128, 8, 1, 8, 4, TMA=1, PERSISTENT=2),
+            c(128, 256, 64, 8, 1, 8, 5, TMA=1),
+        ]
+    return cands
 
 
 _AUTOTUNE_CACHE: dict[tuple, dict[str, Any] | None] = {}
 
 
-def _autotuned(arch, bucket, N, K, b_kmajor, index) -> dict[str, Any] | None:
-    key = (arch, bucket, N, K, b_kmajor)
+def _autotuned(arch, M, N, K, b_kmajor, index) -> dict[str, Any] | None:
+    """Benchmark the candidates once per (arch, M bucket, N, K, layout); None if all fail."""
+    key = (arch, m_bucket(M), N, K, b_kmajor)
     if key in _AUTOTUNE_CACHE:
         return _AUTOTUNE_CACHE[key]
     import triton.testing as tt
 
-    M = bucket[0] if bucket[1] - bucket[0] < 1 << 40 and bucket[0] > 1 else max(bucket[0], 1)
-    M = min(max(M, bucket[0]), 4096)
     dev = torch.device("cuda", index)
     a = torch.randint(-127, 128, (M, K), dtype=torch.int8, device=dev)
     w = torch.randint(-127, 128, (N, K), dtype=torch.int8, device=dev)
     b = w.t() if b_kmajor else w.t().contiguous()
-    sa = torch.rand(M, device=dev)
-    sb = torch.rand(N, device=dev)
+    sa = torch.rand(M, device=dev) * 1e-3
+    sb = torch.rand(N, device=dev) * 1e-3
     best, best_ms = None, float("inf")
     for cfg in candidate_configs(M, arch):
         try:
@@ -407,27 +461,39 @@ def _autotuned(arch, bucket, N, K, b_kmajor, index) -> dict[str, Any] | None:
 
 
 _COUNTERS: dict[tuple, torch.Tensor] = {}
+_COUNTER_SLOTS = 8
+_SLOT_OF: dict[int, int] = {}
+_RETIRED: list[torch.Tensor] = []
 
 
 def _tile_counters(device: torch.device, n: int) -> torch.Tensor | None:
     """Zeroed int32 arrival counters for the fused split-K reduction, one per output tile.
 
-    Kernels reset every counter they touch, so one buffer per (device, stream) is reused
-    forever. Returns None (use the two-kernel reduction) if the buffer would have to be
-    created during CUDA-graph capture.
+    Kernels reset every counter they touch, so one zeroed buffer per device is reused forever.
+    It has 8 slots, handed to streams round-robin, so split-K GEMMs running concurrently on
+    different streams do not share counters (two streams sharing a slot, i.e. 8 streams apart,
+    must not run split-K GEMMs at the same time; ``"FUSED_REDUCE": false`` in the config avoids
+    the counters). A CUDA-graph capture stream gets its own slot of the buffer made before the
+    capture. Returns None (use the two-kernel reduction) when the buffer would have to be created
+    or grown during capture. Replaced buffers are kept alive: a kernel on another stream may
+    still be using them.
     """
     if device.type == "cuda":
-        key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+        key = (device.index,)
+        stream = torch.cuda.current_stream(device).cuda_stream
+        slot = _SLOT_OF.setdefault(stream, len(_SLOT_OF) % _COUNTER_SLOTS)  # round-robin per new stream
         capturing = torch.cuda.is_current_stream_capturing()
     else:
-        key, capturing = ("cpu",), False
+        key, slot, capturing = ("cpu",), 0, False
     buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
+    if buf is None or buf.shape[1] < n:
         if capturing:
             return None
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        if buf is not None:
+            _RETIRED.append(buf)
+        buf = torch.zeros((_COUNTER_SLOTS, max(n, 4096)), dtype=torch.int32, device=device)
         _COUNTERS[key] = buf
-    return buf
+    return buf[slot]
 
 
 def _tma_ok(A: torch.Tensor, B: torch.Tensor) -> bool:
@@ -488,7 +554,10 @@ def _launch(
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
     cfg: dict[str, Any] | None = None,
+    quant_a: bool = False,
 ) -> torch.Tensor:
+    """Launch the GEMM. quant_a: A is the float activation, quantized per row inside the kernel
+    (sa must be None; the kernel derives it)."""
     M, K = A.shape
     N = B.shape[1]
     out = torch.empty((M, N), dtype=out_dtype, device=A.device)
@@ -510,13 +579,15 @@ def _launch(
     sa_t = sa if sa is not None else dummy
     sb_t = sb if sb is not None else dummy
     bias_t = bias if bias is not None else dummy
-    if cfg.get("TMA", 0) and split_k == 1 and _tma_ok(A, B):
+    if cfg.get("TMA", 0) and split_k == 1 and not quant_a and _tma_ok(A, B):
         _launch_tma(A, B, out, sa, sb, bias, cfg, sa_t, sb_t, bias_t)
         return out
-    ws = torch.empty((split_k, M, N), dtype=torch.int32, device=A.device) if split_k > 1 else dummy
     num_tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     counters = _tile_counters(A.device, num_tiles) if split_k > 1 and cfg.get("FUSED_REDUCE", True) else None
     fused = counters is not None
+    if quant_a and split_k > 1 and not fused:
+        split_k = 1  # the two-kernel reduction needs sa in memory; the fused one has it in registers
+    ws = torch.empty((split_k, M, N), dtype=torch.int32, device=A.device) if split_k > 1 else dummy
     grid = (num_tiles, split_k)
     _int8_gemm_kernel[grid](
         A,
@@ -544,12 +615,16 @@ def _launch(
         B_K_CONTIG=B.stride(0) == 1,
         B_N_CONTIG=B.stride(1) == 1,
         EVEN_K=K % (bk * split_k) == 0,
+        EVEN_M=M % bm == 0,
+        EVEN_N=N % bn == 0,
         BLOCK_M=bm,
         BLOCK_N=bn,
         BLOCK_K=bk,
         GROUP_M=cfg.get("GROUP_M", 8),
         SPLIT_K=split_k,
         FUSED_REDUCE=fused,
+        QUANT_A=quant_a,
+        MIN_AMAX=MIN_ABSMAX,
         num_warps=cfg.get("num_warps", 4),
         num_stages=cfg.get("num_stages", 3),
     )

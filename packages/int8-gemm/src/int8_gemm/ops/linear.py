@@ -1,27 +1,40 @@
 """``int8_linear``: dynamic per-token activation quantization + int8 GEMM with fused dequant.
 
-Two kernel launches and no extra pass over the output: the quantize kernel reads x once and
-writes x_q (int8) + per-token scales; the GEMM reads x_q and the K-major weight and writes the
-dequantized (+bias) output directly from its int32 accumulator.
+No extra pass over the output: the quantize kernel reads x once and writes x_q (int8) +
+per-token scales; the GEMM reads x_q and the K-major weight and writes the dequantized (+bias)
+output directly from its int32 accumulator. Decode-sized x (see FUSED_QUANT_MAX_BYTES) skips
+the quantize kernel: the GEMM quantizes its A tiles itself, with the same math (one launch).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .._common import check_same_device, check_tensor
-from .gemm import _gemm_dequant_op, _norm_scale
+from .._common import Backend, check_same_device, check_tensor, select_backend
+from .gemm import _gemm_dequant_op, _launch, _norm_scale
 from .quantize import _quantize_rows_op
 
 _ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# Decode-sized activations (M * K * itemsize up to this many bytes) are quantized inside the GEMM:
+# one launch instead of two. Each GEMM program re-reads these few KB (from L2) for the row
+# absmax, so the bound keeps that extra traffic small next to the weight stream.
+FUSED_QUANT_MAX_BYTES = 32 * 1024
+
+
+def _use_fused_quant(x2: torch.Tensor) -> bool:
+    return x2.shape[0] * x2.shape[1] * x2.element_size() <= FUSED_QUANT_MAX_BYTES
 
 
 @torch.library.custom_op("int8_gemm::int8_linear", mutates_args=())
 def _int8_linear_op(
     x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
 ) -> torch.Tensor:
-    x_q, sa = _quantize_rows_op(x2)
     # w_q is (N, K) contiguous: w_q.t() is the K-major B the GEMM is fastest with.
+    if _use_fused_quant(x2) and select_backend(x2.device) is not Backend.TORCH:
+        return _launch(x2, w_q.t(), None, w_scale, bias, out_dtype, quant_a=True)
+    x_q, sa = _quantize_rows_op(x2)
     return _gemm_dequant_op(x_q, w_q.t(), sa, w_scale, bias, out_dtype)
 
 
