@@ -25,11 +25,15 @@ SUITES = {"attention": "bench_attention", "int8": "bench_int8", "rmsnorm": "benc
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("suites", nargs="*", default=["all"], choices=[*SUITES, "all"])
+    # (no argparse `choices`: with nargs="*" it rejects the default list on Python < 3.12)
+    ap.add_argument("suites", nargs="*", default=["all"], help=f"any of {', '.join([*SUITES, 'all'])}")
     ap.add_argument("--quick", action="store_true", help="a short pass (about a minute on a GPU)")
     ap.add_argument("--json", type=Path, default=None, help="output JSON (default benchmarks/results/<gpu>.json)")
     ap.add_argument("--plot", action="store_true", help="also write ratio plots beside the JSON")
     args = ap.parse_args(argv)
+    bad = [s for s in args.suites if s not in (*SUITES, "all")]
+    if bad:
+        ap.error(f"unknown suite(s) {bad}; choose from {[*SUITES, 'all']}")
 
     if harness.smoke_mode():
         # Smoke pass: the Triton kernels run under the interpreter on CPU tensors.

@@ -139,8 +139,8 @@ def compile_for(arch: int) -> None:
         tf = G._int8_gemm_tma_kernel
         bm, bn, bk = 128, 256, 128
         tsig = dict(zip(tf.arg_names, [f"tensordesc<i8[{bm}, {bk}]>", f"tensordesc<i8[{bn}, {bk}]>"]))
-        tsig |= dict(zip(tf.arg_names[2:13], ["*fp16", "*fp32", "*fp32", "*fp32"] + ["i32"] * 7))
-        tconsts = dict(HAS_BIAS=False, OUT_INT32=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, NUM_PROGS=132)
+        tsig |= dict(zip(tf.arg_names[2:14], ["*fp16", "*fp32", "*fp32", "*fp32"] + ["i32"] * 8))
+        tconsts = dict(HAS_BIAS=False, OUT_INT32=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8)
         tsig |= {k: "constexpr" for k in tconsts}
         tattrs = div16(tf, ["c_ptr", "sa_ptr", "sb_ptr", "M", "N", "K", "stride_cm"])
         k = triton.compile(

@@ -31,8 +31,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "packages" / "int8-gemm" / "src"))
 
 from int8_gemm.ops import gemm as G  # noqa: E402
+from int8_gemm.ops.linear import _use_fused_quant  # noqa: E402
 from int8_gemm.ops.quantize import _launch_quantize_rows  # noqa: E402
 
+# M ranges of the tuned entries: one tuned M per range (1, 16, 32, 128, 1024, 4096).
+TUNE_BUCKETS = ((1, 8), (9, 16), (17, 64), (65, 256), (257, 1024), (1025, 1 << 62))
 OUT_NAME = "tuning_int8_gemm.json"  # package-specific: other tune scripts share the directory
 
 
@@ -58,7 +61,7 @@ def bench(fn, small: bool) -> float:
 
     if small:
         with torch.cuda.stream(torch.cuda.Stream()):
-            return float(tt.do_bench_cudagraph(fn, rep=20, return_mode="median"))
+            return float(tt.do_bench_cudagraph(fn, rep=10, return_mode="median"))
     return float(tt.do_bench(fn, warmup=5, rep=25, return_mode="median"))
 
 
@@ -80,10 +83,9 @@ def candidates(M: int, gpu: bool, arch: str):
         return [dict(c, SPLIT_K=1), dict(c, SPLIT_K=2), dict(c, BLOCK_M=32, TMA=1, PERSISTENT=1, SPLIT_K=1)]
     base = G.candidate_configs(M, arch)
     extra = []
-    if M <= 128:  # explicit split-K values beside the automatic one
-        for cfg in base[:2]:
-            for sk in (1, 2, 4, 8):
-                extra.append(dict(cfg, SPLIT_K=sk))
+    if M <= 128:  # explicit split-K values beside the automatic one, for the first candidate
+        for sk in (1, 2, 4, 8):
+            extra.append(dict(base[0], SPLIT_K=sk))
     return base + extra
 
 
@@ -138,7 +140,9 @@ def tune_shape(M: int, N: int, K: int, arch: str, dev: torch.device, gpu: bool, 
     x16 = torch.randn(M, K, device=dev, dtype=torch.float16)
     e2e_cfg = best
 
-    def e2e():
+    def e2e():  # what Int8Linear runs: fused quantization for decode-sized x, else two kernels
+        if _use_fused_quant(x16):
+            return G._launch(x16, b, None, sb, None, torch.float16, e2e_cfg, quant_a=True)
         x_q, s = _launch_quantize_rows(x16)
         return G._launch(x_q, b, s, sb, None, torch.float16, e2e_cfg)
 
@@ -151,7 +155,7 @@ def tune_shape(M: int, N: int, K: int, arch: str, dev: torch.device, gpu: bool, 
         f"  e2e x{bf16_ms / e2e_ms:5.2f} bf16  {best}",
         flush=True,
     )
-    match = {"M": list(G.m_bucket(M)), "N": N, "K": K}
+    match = {"M": next([lo, hi] for lo, hi in TUNE_BUCKETS if lo <= M <= hi), "N": N, "K": K}
     if M == N == K:
         match = {"M": M, "N": N, "K": K}  # square shapes: exact
     return {"match": match, "config": best}, row

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -43,8 +44,13 @@ class CustomBuildHook(BuildHookInterface):
             self.app.display_warning("fused_rmsnorm: nvcc not found, building a JIT-only wheel (no AOT extension)")
             return
         archs = b.resolve_arch_list()
-        out = Path(tempfile.mkdtemp(prefix="frms_wheel_"))
-        target = b.build(out, archs)
+        self._tmp = Path(tempfile.mkdtemp(prefix="frms_wheel_"))
+        target = b.build(self._tmp, archs)
         build_data["force_include"][str(target)] = f"fused_rmsnorm/{target.name}"
         build_data["pure_python"] = False
         build_data["infer_tag"] = True
+
+    def finalize(self, version: str, build_data: dict, artifact_path: str) -> None:
+        tmp = getattr(self, "_tmp", None)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)

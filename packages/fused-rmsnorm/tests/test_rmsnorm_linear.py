@@ -330,3 +330,13 @@ def test_gpu_jit_path_in_fresh_process(tmp_path):
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         assert "BACKEND jit" in res.stdout, res.stdout
     assert len(list(tmp_path.glob("*/_C*.so"))) == 1  # one cache entry, reused by the second process
+
+
+@pytest.mark.gpu
+def test_gpu_forced_torch_backend(monkeypatch):
+    monkeypatch.setenv("FUSED_RMSNORM_BACKEND", "torch")
+    backend.reset()
+    x, g, w, b = _gpu_case(33, 512, 256, torch.float16, bias=True)
+    y = fused_rmsnorm_linear(x, g, w, b)
+    assert backend.get_ext(x.device).kind == "torch"
+    assert rel_err(y, _ref32(x, g, w, b, 1e-6).double()) <= 1e-2

@@ -195,7 +195,16 @@ def backend_info(resolve: bool = False) -> dict[str, Any]:
     info["device"] = f"{torch.cuda.get_device_name(dev)} (sm{cap[0]}{cap[1]})"
     ext = get_ext(dev) if resolve else _CACHE.get(cap)
     if ext is None:
-        info.update(cuda=True, decode="unresolved", prefill="unresolved", reason="resolved at first CUDA call")
+        # not resolved yet: say what the first call will do, without compiling anything
+        aot = info["aot"]
+        mode = info["forced"]
+        if mode in ("auto", "aot") and aot.get("present") and covers(aot["archs"], cap):
+            kind, why = "aot", "AOT extension covers this GPU (not loaded yet)"
+        elif mode in ("auto", "jit") and jit_enabled() and info["nvcc"]:
+            kind, why = "jit", "will be JIT-compiled at the first CUDA call (nvcc found)"
+        else:
+            kind, why = "torch", "no usable AOT extension and no JIT (nvcc missing or disabled)"
+        info.update(cuda=True, decode=f"{kind} (pending)", prefill=f"{kind} (pending)", reason=why)
         return info
     gemm = None
     if ext.kind != "torch":

@@ -145,28 +145,50 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T, int R>
-void launch(const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw, const void* bias, void* y,
-            int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int ksplit, int grid_x, cudaStream_t s) {
-  dim3 grid(unsigned(grid_x), unsigned((M + R - 1) / R)), block(kThreads);
+int launch(const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw, const void* bias, void* y,
+           int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int ksplit, int grid_blocks, cudaStream_t s) {
+  // Resident capacity of this instantiation (register-limited: 2-3 blocks of 256 threads per SM).
+  static const int occ = [] {
+    int n = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<T, R>, kThreads, 0);
+    return n > 0 ? n : 1;
+  }();
+  const int64_t chunks = (M + R - 1) / R;
+  // one wave of resident blocks shared by the row chunks; grid-stride over N inside each block
+  const int64_t resident = max(int64_t(1), int64_t(frms::sm_count()) * occ / chunks);
+  if (ksplit <= 0) {
+    // Split K only when N alone would leave resident warps idle.
+    ksplit = 1;
+    while (ksplit < kWarps && N * ksplit < resident * kWarps) ksplit *= 2;
+  }
+  if (ksplit != 1 && ksplit != 2 && ksplit != 4 && ksplit != 8) return FRMS_ERR_BAD_ARG;
+  const int nb = kWarps / ksplit;
+  const int64_t needed = (N + nb - 1) / nb;
+  const int64_t cap = grid_blocks > 0 ? int64_t(grid_blocks) : resident;
+  // equalise the per-block step count (a block doing one step more than the others is the tail)
+  const int64_t steps = (needed + cap - 1) / cap;
+  const int64_t grid_x = (needed + steps - 1) / steps;
+  const dim3 grid{unsigned(grid_x), unsigned(chunks), 1u}, block{unsigned(kThreads), 1u, 1u};
   decode_kernel<T, R><<<grid, block, 0, s>>>(static_cast<const T*>(x), ldx, static_cast<const T*>(g),
                                              static_cast<const T*>(w), ldw, static_cast<const T*>(bias),
                                              static_cast<T*>(y), ldy, M, N, K, eps, ksplit);
+  return 0;
 }
 
 template <typename T>
-void launch_rows(const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw, const void* bias, void* y,
+int launch_rows(const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw, const void* bias, void* y,
                  int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int ksplit, int grid_x, cudaStream_t s) {
   // Rows per chunk: the smallest of 1/2/4/8/16 that covers M (16-row chunks beyond that).
   if (M <= 1)
-    launch<T, 1>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
+    return launch<T, 1>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
   else if (M <= 2)
-    launch<T, 2>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
+    return launch<T, 2>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
   else if (M <= 4)
-    launch<T, 4>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
+    return launch<T, 4>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
   else if (M <= 8)
-    launch<T, 8>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
+    return launch<T, 8>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
   else  // 16-row chunks: W is streamed ceil(M / 16) times (a 14336x4096 W does not fit in L2)
-    launch<T, 16>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
+    return launch<T, 16>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
 }
 }  // namespace
 
@@ -177,23 +199,11 @@ extern "C" int frms_decode(int dtype, const void* x, int64_t ldx, const void* g,
   if (K <= 0 || K % frms::kVec || ldx % frms::kVec || ldw % frms::kVec) return FRMS_ERR_BAD_ARG;
   if (!frms::aligned16(x) || !frms::aligned16(g) || !frms::aligned16(w)) return FRMS_ERR_BAD_ARG;
   if ((M + 15) / 16 > 65535) return FRMS_ERR_BAD_ARG;  // gridDim.y limit; the small-M path never gets near it
-  const int sms = frms::sm_count();
-  if (ksplit <= 0) {
-    // Split K only when N alone gives fewer than ~32 warps of work per SM.
-    ksplit = 1;
-    while (ksplit < kWarps && N * ksplit < int64_t(sms) * 32) ksplit *= 2;
-  }
-  if (ksplit != 1 && ksplit != 2 && ksplit != 4 && ksplit != 8) return FRMS_ERR_BAD_ARG;
-  const int nb = kWarps / ksplit;
-  const int64_t needed = (N + nb - 1) / nb;
-  if (grid_blocks <= 0) grid_blocks = sms * 4;  // 4 resident 256-thread blocks per SM, grid-stride beyond
-  const int grid_x = int(min(needed, int64_t(grid_blocks)));
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  int st = FRMS_ERR_BAD_ARG;
   if (dtype == FRMS_DTYPE_F16)
-    launch_rows<__half>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
+    st = launch_rows<__half>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_blocks, s);
   else if (dtype == FRMS_DTYPE_BF16)
-    launch_rows<__nv_bfloat16>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
-  else
-    return FRMS_ERR_BAD_ARG;
-  return int(cudaGetLastError());
+    st = launch_rows<__nv_bfloat16>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_blocks, s);
+  return st != 0 ? st : int(cudaGetLastError());
 }
