@@ -4,7 +4,8 @@
 
 For M in {1,2,4,8,12,16,24,32,48,64,96,128,192,256,512,1024,2048,4096} and (D, N) in
 {(4096,4096), (4096,14336), (2048,2048), (8192,8192)} it times (CUDA graph, bf16) every
-candidate: the decode kernel (M <= 64) and each CUTLASS GEMM tile config (rstd kernel included),
+candidate: the decode kernel (M <= 64; K-split auto/1/2/4) and each CUTLASS GEMM tile config (rstd
+kernel included),
 then picks, per M, the candidate with the best geometric-mean time over the shapes. Consecutive
 M with the same winner become one {"match": {"M": [lo, hi]}} entry. Takes about 1-2 minutes on
 an H200 (a budget stops the sweep early; untimed M keep the shipped choice). Writes
@@ -37,7 +38,7 @@ BUDGET_S = 150.0
 
 
 def candidates(arch: str) -> list[dict]:
-    c = [{"path": "decode", "ksplit": 0, "grid_blocks": 0}]
+    c = [{"path": "decode", "ksplit": k, "grid_blocks": 0} for k in (0, 1, 2, 4)]  # 0 = occupancy heuristic
     if arch == "sm90":
         c += [{"path": "gemm", "config": i, "pdl": True} for i in (0, 1, 2)]
     elif arch.startswith("sm8"):
@@ -46,7 +47,9 @@ def candidates(arch: str) -> list[dict]:
 
 
 def name(cfg: dict) -> str:
-    return "decode" if cfg["path"] == "decode" else f"gemm{cfg['config']}"
+    if cfg["path"] == "decode":
+        return "decode" if cfg["ksplit"] == 0 else f"dec_ks{cfg['ksplit']}"
+    return f"gemm{cfg['config']}"
 
 
 def time_candidate(cfg: dict, M: int, D: int, N: int) -> float:
@@ -73,7 +76,7 @@ def synthetic(cfg: dict, M: int, D: int, N: int) -> float:
     """Dry-run timing model: decode streams W once per 8 rows, GEMMs have tile-quantised waste."""
     w_bytes = N * D * 2
     if cfg["path"] == "decode":
-        return w_bytes / 4.0e6 * math.ceil(M / 8) ** 0.5 + 2.0
+        return w_bytes / 4.0e6 * math.ceil(M / 16) ** 0.5 * (1 + 0.05 * cfg["ksplit"]) + 2.0
     tm = {0: 128, 1: 128, 2: 64}[cfg["config"]]
     tn = {0: 256, 1: 128, 2: 128}[cfg["config"]]
     tiles = math.ceil(M / tm) * math.ceil(N / tn)

@@ -315,3 +315,15 @@ def test_custom_op_registration():
     torch.library.opcheck(lmod._int8_linear_op, (torch.randn(5, 64), W, sb, torch.randn(24), torch.float32))
     f = torch.compile(lambda a, w, x, y: int8_gemm_dequant_fwd(a, w.t(), x, y), fullgraph=True, backend="aot_eager")
     assert torch.equal(f(A, W, sa, sb), int8_gemm_dequant_fwd(A, W.t(), sa, sb))
+
+
+@pytest.mark.gpu
+def test_opt_in_autotune_gpu(monkeypatch):
+    """INT8_GEMM_AUTOTUNE=1 benchmarks the candidates once per key, caches the winner, stays exact."""
+    monkeypatch.setenv("INT8_GEMM_AUTOTUNE", "1")
+    monkeypatch.setattr(gmod, "_AUTOTUNE_CACHE", {})
+    A, W = _rand_i8(40, 512, device="cuda"), _rand_i8(520, 512, device="cuda")
+    c = int8_gemm_dequant_fwd(A, W.t(), None, None, out_dtype=torch.int32)
+    assert torch.equal(c.long(), (A.double() @ W.double().t()).long())
+    (key, cfg), *_ = gmod._AUTOTUNE_CACHE.items()
+    assert key[1] == gmod.m_bucket(40) and cfg in gmod.candidate_configs(40, key[0])

@@ -152,7 +152,7 @@ def _check_supported(archs: list[str], supported: set[str], version: str) -> Non
         code = "sm_" + _num(a).rstrip("a")
         if code not in supported:
             hint = ""
-            if _major(a) < 7.5 or a.startswith("7.0"):
+            if _major(a) < 7 or a.startswith(("7.0", "7.2")):
                 hint = " (CUDA 13 removed Volta/sm_70 and older: build a V100 extension with a CUDA 12.x nvcc)"
             raise BuildError(f"nvcc {version} cannot compile for arch {a}{hint}; it supports {sorted(supported)}")
 
