@@ -49,6 +49,24 @@ using EpiSchedule = cutlass::epilogue::TmaWarpSpecialized;
 #define FRMS_ENTRY frms_gemm_sm90_cfg2
 #endif
 
+// The rstd vector comes from the kernel launched just before this GEMM, which triggers programmatic
+// dependent launch at its start. CUTLASS's own grid-dependency wait sits before the mainloop (it
+// is compiled out here: CUTLASS_ENABLE_GDC_FOR_SM90 is not defined), so instead the wait is done
+// by this column-broadcast node right before it loads rstd in the epilogue: the TMA/wgmma mainloop
+// overlaps the rstd kernel. x and W' were written by kernels that completed before rstd started.
+template <class Base>
+struct ColBroadcastAfterGridDependency : Base {
+  using Base::Base;
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // no-op when not launched as a PDL secondary
+#endif
+    return Base::template get_consumer_store_callbacks<ReferenceSrc>(args);
+  }
+};
+
 template <typename T>
 struct GemmDef {
   using LayoutA = cutlass::layout::RowMajor;
@@ -58,7 +76,8 @@ struct GemmDef {
   static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
 
   // per-row fp32 vector (length M) broadcast along N: the rstd scale
-  using RowScale = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float, float, Stride<_1, _0, int64_t>>;
+  using RowScale = ColBroadcastAfterGridDependency<
+      cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float, float, Stride<_1, _0, int64_t>>>;
   // per-column vector (length N) broadcast along M: the bias; null pointer -> 0
   using Bias = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, T, float, Stride<_0, _1, int64_t>>;
   using Scaled = cutlass::epilogue::fusion::Sm90EVT<

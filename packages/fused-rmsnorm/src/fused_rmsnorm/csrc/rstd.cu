@@ -1,6 +1,7 @@
 // rstd[m] = 1 / sqrt(mean_k x[m, k]^2 + eps), fp32, one warp per row.
 // Feeds the prefill GEMM's epilogue. On Hopper it triggers programmatic dependent launch at once so
-// the GEMM (launched with the PDL attribute) can start its prologue while this kernel runs.
+// the GEMM (launched with the PDL attribute) runs its whole mainloop while this kernel runs; the
+// GEMM waits for it (griddepcontrol.wait) only in the epilogue, right before reading rstd.
 #include "frms.h"
 #include "vec.cuh"
 

@@ -362,14 +362,25 @@ def _auto_split_k(M: int, N: int, K: int, cfg: dict[str, Any], num_sms: int) -> 
     return split
 
 
+@functools.lru_cache(maxsize=64)
+def _arch(device: torch.device) -> str:
+    return arch_key(device)
+
+
+@functools.lru_cache(maxsize=4096)
+def _table_config(arch: str, M: int, N: int, K: int, b_kmajor: bool) -> dict[str, Any]:
+    return _table().lookup(arch, M=M, N=N, K=K, b_kmajor=b_kmajor)
+
+
 def _config_for(M: int, N: int, K: int, device: torch.device, b_kmajor: bool) -> dict[str, Any]:
-    arch = arch_key(device)
+    """Config for one call (cached: decode calls this per token). Callers must not mutate it."""
+    arch = _arch(device)
     autotune = os.environ.get("INT8_GEMM_AUTOTUNE", "0") not in ("", "0")
     if autotune and device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
         cfg = _autotuned(arch, M, N, K, b_kmajor, device.index or 0)
         if cfg is not None:
-            return dict(cfg)
-    return _table().lookup(arch, M=M, N=N, K=K, b_kmajor=b_kmajor)
+            return cfg
+    return _table_config(arch, M, N, K, b_kmajor)
 
 
 # Candidate space for the opt-in autotuner (and scripts/tune_int8.py): pruned per M bucket.
