@@ -1,24 +1,52 @@
 #!/usr/bin/env bash
-# One device call for the maintainers' GPU lease: runs a list of stages, then packs everything
-# under $OUT into few files (the lease returns at most 8 files).
-#   scripts/device_session.sh STAGE[,STAGE...]   stages: tests tune bench quickbench exp roofline profile wheel
+# The maintainers' one-call GPU session (the lease allows one command of <= 10 min): build the
+# extension while the GPU tests run, then SASS evidence, the three benchmark suites (each under
+# its own time limit so one slow suite cannot cost the others), merged JSON, plots, roofline.
+# Everything is packed into $OUT/results.tgz (the lease returns at most 8 files).
+#   OUT=... scripts/device_session.sh [TEST_PATHS...]
 set -uo pipefail
 OUT=${OUT:?OUT must be set}
-STAGES=${1:-tests}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 W=/tmp/llmk_out
 rm -rf $W && mkdir -p $W
-args=()
-case ",$STAGES," in *,tests,*) ;; *) args+=(--no-tests) ;; esac
-case ",$STAGES," in *,tune,*) args+=(--tune) ;; esac
-case ",$STAGES," in *,bench,*) ;; *,quickbench,*) args+=(--quick) ;; *) args+=(--no-bench) ;; esac
-timeout ${GPU_RUN_TIMEOUT:-480} scripts/gpu_run.sh $W "${args[@]}"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/llmk_site .whl/*.whl
+fi
 export PYTHONPATH=/tmp/llmk_site:$ROOT/packages/flashattn-triton/src:$ROOT/packages/int8-gemm/src:$ROOT/packages/fused-rmsnorm/src:$ROOT/packages/llmk-meta/src
-case ",$STAGES," in *,exp,*) timeout 300 python3 experiments/attention_ablation.py --out $W/exp > $W/exp.log 2>&1; echo "exp rc=$?"; tail -30 $W/exp.log ;; esac
-case ",$STAGES," in *,roofline,*) [ -f $W/bench.json ] && timeout 120 python3 benchmarks/roofline.py $W/bench.json --out $W > $W/roofline.log 2>&1; tail -40 $W/roofline.log ;; esac
-case ",$STAGES," in *,profile,*) timeout 240 python3 benchmarks/profile_kernels.py --out $W > $W/profile.log 2>&1; tail -40 $W/profile.log ;; esac
-case ",$STAGES," in *,wheel,*) [ -x scripts/gpu_rmsnorm_wheel.sh ] && timeout 300 scripts/gpu_rmsnorm_wheel.sh $W/wheel > $W/wheel.log 2>&1; echo "wheel rc=$?"; tail -20 $W/wheel.log ;; esac
+T0=$SECONDS
+stage() { # name, seconds, command...
+  local name=$1 limit=$2; shift 2
+  local t=$SECONDS
+  timeout "$limit" "$@" >"$W/$name.log" 2>&1
+  local rc=$?
+  echo "$name: rc=$rc $((SECONDS - t))s (t=$((SECONDS - T0))s)" | tee -a $W/summary.txt
+  tail -n 6 "$W/$name.log"
+}
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"; } > $W/env.txt 2>&1
+cat $W/env.txt
+FUSED_RMSNORM_CUDA_ARCH_LIST=9.0a timeout 150 python3 -m fused_rmsnorm._build --inplace > $W/build.log 2>&1 &
+BUILD=$!
+stage gpu_tests_triton ${TEST_LIMIT:-170} python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="--import-mode=importlib" ${@:-packages/int8-gemm/tests}
+wait $BUILD; echo "build rc=$? (t=$((SECONDS - T0))s)" | tee -a $W/summary.txt; tail -3 $W/build.log
+stage gpu_tests_rmsnorm 60 python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="--import-mode=importlib" packages/fused-rmsnorm/tests
+stage sass 45 python3 scripts/int8_sass.py
+for s in attention int8 rmsnorm; do
+  stage bench_$s ${BENCH_LIMIT:-100} python3 benchmarks/run_all.py $s --json $W/bench_$s.json
+done
+stage merge 60 python3 - <<'PY'
+import json, glob, sys
+sys.path.insert(0, ".")
+from benchmarks import harness, plots
+recs, env = [], None
+for p in sorted(glob.glob("/tmp/llmk_out/bench_*.json")):
+    d = json.load(open(p)); env = env or d["env"]; recs += d["records"]
+out = f"/tmp/llmk_out/{harness.gpu_slug()}.json"
+json.dump({"env": env, "smoke": False, "records": recs}, open(out, "w"), indent=1)
+print(out, len(recs), [str(p) for p in plots.ratio_plots(out)])
+PY
+stage roofline 60 sh -c 'python3 benchmarks/roofline.py /tmp/llmk_out/*h200*.json --out /tmp/llmk_out'
 tar czf $OUT/results.tgz -C $W .
-cp $W/summary.txt $OUT/ 2>/dev/null
-ls -la $W
+cat $W/summary.txt

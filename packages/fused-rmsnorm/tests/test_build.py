@@ -8,10 +8,12 @@ full build (~3 min wall on 2 cores) is what the wheel and JIT paths compile.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from fused_rmsnorm import _build
 pytestmark = pytest.mark.skipif(_build.find_nvcc() is None, reason="nvcc not found: cannot compile the extension")
 
 SRC = Path(_build.__file__).resolve().parent.parent
+PKG_ROOT = SRC.parent
 
 
 def _run_check(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -49,9 +52,33 @@ def test_check_configured_arch_list(tmp_path):
     assert mod.cuda_version() >= 12000
 
 
-def test_oldest_arch_build_without_gemm(tmp_path):
-    """The seed's V100 build (7.0): decode + rstd only. nvcc 13 dropped sm_70, so there the build
-    must refuse with a clear message, and the same no-GEMM configuration is compiled for 7.5."""
+def _pip_wheel(out: Path, **env_extra: str) -> Path:
+    if importlib.util.find_spec("hatchling") is None:
+        pytest.skip("hatchling is not installed: cannot build the wheel")
+    env = dict(os.environ, **env_extra)
+    env.pop("TORCH_CUDA_ARCH_LIST", None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "-q",
+        "--no-build-isolation",
+        "--no-deps",
+        str(PKG_ROOT),
+        "-w",
+        str(out),
+    ]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (whl,) = out.glob("fused_rmsnorm-*.whl")
+    return whl
+
+
+def test_oldest_arch_aot_wheel_without_gemm(tmp_path):
+    """The seed's V100 build (7.0) has decode + rstd only. nvcc 13 dropped sm_70, so there the build
+    must refuse with a clear message, and the same no-GEMM configuration is built for 7.5 -- through
+    the hatchling hook, i.e. the AOT wheel path (platform-tagged wheel with _C inside)."""
     nvcc = _build.find_nvcc()
     codes = _build.nvcc_supported_codes(nvcc)
     if not codes or "sm_70" in codes:
@@ -60,12 +87,24 @@ def test_oldest_arch_build_without_gemm(tmp_path):
         with pytest.raises(_build.BuildError, match="CUDA 12"):
             _build.plan(["7.0"], nvcc=nvcc)
         arch = "7.5"
-    res = _run_check(tmp_path, "--arch", arch)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "compiled gemm" not in res.stdout and "sm80 gemm False, sm90 gemm False" in res.stdout
-    mod = _load(tmp_path)
+    whl = _pip_wheel(tmp_path / "wheel", FUSED_RMSNORM_CUDA_ARCH_LIST=arch)
+    assert "-none-any" not in whl.name, whl.name
+    with zipfile.ZipFile(whl) as z:
+        (so,) = [n for n in z.namelist() if n.startswith("fused_rmsnorm/_C") and n.endswith(".so")]
+        z.extract(so, tmp_path / "x")
+    mod = _build.load_module(tmp_path / "x" / so, name="frms_test_oldest._C")
     assert list(mod.compiled_archs()) == [arch]
     assert not mod.has_sm90_gemm() and not mod.has_sm80_gemm()
+
+
+def test_jit_only_wheel_ships_sources(tmp_path):
+    whl = _pip_wheel(tmp_path, FUSED_RMSNORM_BUILD="0")
+    assert whl.name.endswith("-py3-none-any.whl"), whl.name
+    names = set(zipfile.ZipFile(whl).namelist())
+    for f in ("decode.cu", "rstd.cu", "gemm_sm90.cu", "gemm_sm80.cu", "binding.cpp", "frms.h", "vec.cuh"):
+        assert f"fused_rmsnorm/csrc/{f}" in names
+    assert "fused_rmsnorm/_common/checks.py" in names and "fused_rmsnorm/build_config.json" in names
+    assert not any(n.endswith(".so") for n in names)
 
 
 def test_jit_cache_build_lock_and_reuse(tmp_path, monkeypatch):

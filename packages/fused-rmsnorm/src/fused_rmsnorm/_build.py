@@ -282,7 +282,10 @@ def build(
         res = subprocess.run(link, capture_output=True, text=True)
         if res.returncode != 0:
             raise BuildError(f"link failed:\n{' '.join(link)}\n{res.stdout}{res.stderr}")
-        shutil.move(str(tmp_target), str(target))  # atomic enough: same-name replace on one filesystem
+        # copy next to the target, then rename: other processes never see a half-written module
+        staged = out_dir / f".{target.name}.{os.getpid()}.tmp"
+        shutil.copy2(tmp_target, staged)
+        os.replace(staged, target)
     log(f"[fused_rmsnorm build] linked {target} in {time.perf_counter() - t0:.1f}s total")
     return target
 
