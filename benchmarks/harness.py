@@ -202,6 +202,11 @@ class Suite:
             )
             out.append(rec)
         self.records.extend(out)
+        stream = os.environ.get("LLMK_BENCH_STREAM")
+        if stream:  # append as we go: a run cut off by a time limit keeps its finished cases
+            with open(stream, "a") as f:
+                for r in out:
+                    f.write(json.dumps(r.to_json()) + "\n")
         return out
 
 

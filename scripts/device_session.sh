@@ -23,30 +23,31 @@ stage() { # name, seconds, command...
   local rc=$?
   echo "$name: rc=$rc $((SECONDS - t))s (t=$((SECONDS - T0))s)" | tee -a $W/summary.txt
   tail -n 6 "$W/$name.log"
+  tar czf $OUT/results.tgz -C $W . 2>/dev/null  # re-packed after every stage: a cut-off call keeps what ran
 }
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"; } > $W/env.txt 2>&1
 cat $W/env.txt
 FUSED_RMSNORM_CUDA_ARCH_LIST=9.0a timeout 150 python3 -m fused_rmsnorm._build --inplace > $W/build.log 2>&1 &
 BUILD=$!
-stage gpu_tests_triton ${TEST_LIMIT:-170} python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="--import-mode=importlib" ${@:-packages/int8-gemm/tests}
+stage gpu_tests_triton ${TEST_LIMIT:-130} python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="--import-mode=importlib" ${@:-packages/int8-gemm/tests}
 wait $BUILD; echo "build rc=$? (t=$((SECONDS - T0))s)" | tee -a $W/summary.txt; tail -3 $W/build.log
-stage gpu_tests_rmsnorm 60 python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="--import-mode=importlib" packages/fused-rmsnorm/tests
-stage sass 45 python3 scripts/int8_sass.py
+stage gpu_tests_rmsnorm ${RMS_TEST_LIMIT:-90} python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="--import-mode=importlib" packages/fused-rmsnorm/tests
+stage sass 40 python3 scripts/int8_sass.py
+export LLMK_BENCH_STREAM=$W/bench_stream.jsonl
 for s in attention int8 rmsnorm; do
-  stage bench_$s ${BENCH_LIMIT:-100} python3 benchmarks/run_all.py $s --json $W/bench_$s.json
+  stage bench_$s ${BENCH_LIMIT:-80} python3 benchmarks/run_all.py $s --json $W/bench_$s.json
 done
-stage merge 60 python3 - <<'PY'
-import json, glob, sys
+unset LLMK_BENCH_STREAM
+stage merge 30 python3 - <<'PY'
+import json, sys
 sys.path.insert(0, ".")
 from benchmarks import harness, plots
-recs, env = [], None
-for p in sorted(glob.glob("/tmp/llmk_out/bench_*.json")):
-    d = json.load(open(p)); env = env or d["env"]; recs += d["records"]
+recs = [json.loads(l) for l in open("/tmp/llmk_out/bench_stream.jsonl")]
 out = f"/tmp/llmk_out/{harness.gpu_slug()}.json"
-json.dump({"env": env, "smoke": False, "records": recs}, open(out, "w"), indent=1)
+json.dump({"env": harness.env_info(), "smoke": False, "records": recs}, open(out, "w"), indent=1)
 print(out, len(recs), [str(p) for p in plots.ratio_plots(out)])
 PY
-stage roofline 60 sh -c 'python3 benchmarks/roofline.py /tmp/llmk_out/*h200*.json --out /tmp/llmk_out'
+stage roofline 40 sh -c 'python3 benchmarks/roofline.py /tmp/llmk_out/*h200*.json --out /tmp/llmk_out'
 tar czf $OUT/results.tgz -C $W .
 cat $W/summary.txt
