@@ -3,7 +3,7 @@
 # extension while the GPU tests run, then SASS evidence, the three benchmark suites (each under
 # its own time limit so one slow suite cannot cost the others), merged JSON, plots, roofline.
 # Everything is packed into $OUT/results.tgz (the lease returns at most 8 files).
-#   OUT=... scripts/device_session.sh [TEST_PATHS...]
+#   OUT=... STAGES=tests,tune,bench scripts/device_session.sh [TEST_PATHS...]
 set -uo pipefail
 OUT=${OUT:?OUT must be set}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,10 +30,23 @@ stage() { # name, seconds, command...
 cat $W/env.txt
 FUSED_RMSNORM_CUDA_ARCH_LIST=9.0a timeout 150 python3 -m fused_rmsnorm._build --inplace > $W/build.log 2>&1 &
 BUILD=$!
-stage gpu_tests_triton ${TEST_LIMIT:-130} python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="--import-mode=importlib" ${@:-packages/int8-gemm/tests}
+STAGES=${STAGES:-tests,tune,bench}
+has() { case ",$STAGES," in *,$1,*) return 0 ;; esac; return 1; }
+PYTEST=(python3 -m pytest -q -m gpu -p no:cacheprovider -o "addopts=--import-mode=importlib -ra")
+if has tests; then
+  stage gpu_tests_triton ${TEST_LIMIT:-110} "${PYTEST[@]}" ${@:-packages/int8-gemm/tests}
+fi
 wait $BUILD; echo "build rc=$? (t=$((SECONDS - T0))s)" | tee -a $W/summary.txt; tail -3 $W/build.log
-stage gpu_tests_rmsnorm ${RMS_TEST_LIMIT:-90} python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="--import-mode=importlib" packages/fused-rmsnorm/tests
-stage sass 40 python3 scripts/int8_sass.py
+if has tests; then
+  stage gpu_tests_rmsnorm ${RMS_TEST_LIMIT:-75} "${PYTEST[@]}" packages/fused-rmsnorm/tests
+fi
+if has tune; then
+  stage tune_int8 ${TUNE_LIMIT:-110} python3 scripts/tune_int8.py $W --budget ${TUNE_BUDGET:-70}
+  # later stages of this call use the fresh table
+  [ -s $W/tuning_int8_gemm.json ] && cp $W/tuning_int8_gemm.json packages/int8-gemm/src/int8_gemm/tuning.json
+fi
+has sass && stage sass 40 python3 scripts/int8_sass.py
+has bench || { tar czf $OUT/results.tgz -C $W .; cat $W/summary.txt; exit 0; }
 export LLMK_BENCH_STREAM=$W/bench_stream.jsonl
 for s in attention int8 rmsnorm; do
   stage bench_$s ${BENCH_LIMIT:-80} python3 benchmarks/run_all.py $s --json $W/bench_$s.json
