@@ -62,5 +62,8 @@ json.dump({"env": harness.env_info(), "smoke": False, "records": recs}, open(out
 print(out, len(recs), [str(p) for p in plots.ratio_plots(out)])
 PY
 stage roofline 40 sh -c 'python3 benchmarks/roofline.py /tmp/llmk_out/*h200*.json --out /tmp/llmk_out'
+if [ -n "${LATE_TESTS:-}" ]; then  # slow GPU tests (JIT build, compute-sanitizer) go last
+  stage gpu_tests_late ${LATE_LIMIT:-100} "${PYTEST[@]}" $LATE_TESTS
+fi
 tar czf $OUT/results.tgz -C $W .
 cat $W/summary.txt
