@@ -56,7 +56,7 @@ has bench || { need_build; tar czf $OUT/results.tgz -C $W .; cat $W/summary.txt;
 export LLMK_BENCH_STREAM=$W/bench_stream.jsonl
 for s in attention int8 rmsnorm; do
   [ $s = rmsnorm ] && need_build
-  lim=$((${BENCH_LIMIT:-80} + ($s == attention ? 25 : 0)))
+  lim=${BENCH_LIMIT:-80}; [ $s = attention ] && lim=$((lim + 25))
   stage bench_$s $lim python3 benchmarks/run_all.py $s --json $W/bench_$s.json
 done
 unset LLMK_BENCH_STREAM
