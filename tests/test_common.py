@@ -85,3 +85,24 @@ def test_every_package_ships_the_same_common_copy():
         mods.append(importlib.import_module(f"{name}._common.tuning"))
     sources = {open(m.__file__).read() for m in mods}
     assert len(sources) == 1
+
+
+def test_use_registered_op_only_when_tracing_or_fake():
+    from flashattn_triton._common import use_registered_op
+
+    assert not use_registered_op(torch.ones(2))
+    assert use_registered_op(torch.ones(2, device="meta"))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.ones(2))
+        assert use_registered_op(fake)
+    seen = []
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def f(x):
+        seen.append(use_registered_op(x))
+        return x + 1
+
+    f(torch.ones(2))
+    assert seen == [True]

@@ -7,7 +7,7 @@ import each other.
 """
 
 from .checks import check_same_device, check_tensor
-from .device import Backend, interpreter_enabled, select_backend
+from .device import Backend, interpreter_enabled, select_backend, use_registered_op
 from .tuning import TuningTable, arch_key
 
 __all__ = [
@@ -18,4 +18,5 @@ __all__ = [
     "check_tensor",
     "interpreter_enabled",
     "select_backend",
+    "use_registered_op",
 ]

@@ -40,3 +40,18 @@ def select_backend(device: torch.device, *, has_interpreter: bool = True) -> Bac
             return Backend.INTERPRETER
         return Backend.TORCH
     raise ValueError(f"unsupported device {device}: expected CUDA or CPU tensors")
+
+
+def use_registered_op(*tensors: object) -> bool:
+    """Should a public op go through its ``torch.library`` registration?
+
+    Yes while torch.compile / export trace (the custom op is what keeps the graph whole) and
+    for fake or meta tensors. Plain eager calls run the implementation directly: the
+    dispatcher's Python-side cost per custom-op call (tens of microseconds) is the same order
+    as a decode-sized kernel, and eager decode loops pay it on every token.
+    """
+    if torch.compiler.is_compiling():
+        return True
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return any(isinstance(t, FakeTensor) or (isinstance(t, torch.Tensor) and t.is_meta) for t in tensors)

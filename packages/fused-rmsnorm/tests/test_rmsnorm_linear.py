@@ -149,7 +149,9 @@ def test_extension_path_rejects_cpu_tensors(monkeypatch):
 
 def test_plan_sm90():
     assert plan("sm90", 1, 4096, 4096, has_gemm=True)["path"] == "decode"
-    assert plan("sm90", 16, 14336, 4096, has_gemm=True)["path"] == "decode"
+    # measured on the H200: the GEMV lost to the GEMM path from M=8 up, so sm90 decodes M=1 only
+    p = plan("sm90", 16, 14336, 4096, has_gemm=True)
+    assert p["path"] == "gemm" and p["config"] == 2
     p = plan("sm90", 128, 8192, 8192, has_gemm=True)
     assert p["path"] == "gemm" and p["config"] == 2
     p = plan("sm90", 1024, 2048, 2048, has_gemm=True)
@@ -340,3 +342,23 @@ def test_gpu_forced_torch_backend(monkeypatch):
     y = fused_rmsnorm_linear(x, g, w, b)
     assert backend.get_ext(x.device).kind == "torch"
     assert rel_err(y, _ref32(x, g, w, b, 1e-6).double()) <= 1e-2
+
+
+def test_gemm_operands_scale_x_or_fold_w():
+    """Without a cached W', fewer rows than outputs scale x by g (M*D work) instead of folding W
+    (N*D); both give the same product, and a cached W' is used as is."""
+    from fused_rmsnorm.ops.rmsnorm_linear import _gemm_operands
+
+    x, g, w = torch.randn(4, 16, dtype=torch.float64), torch.randn(16, dtype=torch.float64), torch.randn(32, 16)
+    w = w.double()
+    a, wf = _gemm_operands(x, g, w, None)
+    assert wf is w and torch.equal(a, x * g)
+    xl = torch.randn(64, 16, dtype=torch.float64)
+    a, wf = _gemm_operands(xl, g, w, None)
+    assert a is xl and torch.equal(wf, w * g)
+    cached = w * g
+    a, wf = _gemm_operands(x, g, w, cached)
+    assert a is x and wf is cached
+    for xs in (x, xl):
+        a, wf = _gemm_operands(xs, g, w, None)
+        torch.testing.assert_close(a @ wf.T, (xs * g) @ w.T)

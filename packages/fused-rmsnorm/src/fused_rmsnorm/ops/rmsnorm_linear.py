@@ -111,6 +111,19 @@ def fold_weight(w_norm: torch.Tensor, w_lin: torch.Tensor) -> torch.Tensor:
     return w_lin * w_norm
 
 
+def _gemm_operands(x2, w_norm, w_lin, w_folded):
+    """(A, W) for the row-scaled GEMM: A @ W^T * rstd == (x * rstd * g) @ W_lin^T.
+
+    A cached W' (the modules) is used as is. Without one (a functional call), the cheaper side
+    takes g: the M x D activations when M < N, else the N x D weight (folded per call).
+    """
+    if w_folded is not None:
+        return x2, w_folded
+    if x2.shape[0] < w_lin.shape[0]:
+        return x2 * w_norm, w_lin
+    return x2, fold_weight(w_norm, w_lin)
+
+
 def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
     """Run the CUDA extension. Raises (rather than falls back) on tensors it cannot take."""
     for name, t in (("x", x), ("w_norm", w_norm), ("w_lin", w_lin), ("bias", bias), ("w_folded", w_folded)):
@@ -152,23 +165,23 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
         return out.reshape(*lead, N)
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
     mod.rstd(dt, x2.data_ptr(), _ld(x2), rstd.data_ptr(), M, D, float(eps), stream)
-    wf = w_folded if w_folded is not None else fold_weight(w_norm, w_lin)
+    a, wf = _gemm_operands(x2, w_norm, w_lin, w_folded)
     wf = _as_2d_rows(wf, "w_folded")
     if p["path"] == "gemm":
         cfg = int(p.get("config", 0))
         if cap[0] == 9:
             mod.gemm_sm90(
-                dt, cfg, x2.data_ptr(), _ld(x2), wf.data_ptr(), _ld(wf), rstd.data_ptr(), bptr,
+                dt, cfg, a.data_ptr(), _ld(a), wf.data_ptr(), _ld(wf), rstd.data_ptr(), bptr,
                 out.data_ptr(), out.stride(0), M, N, D, bool(p.get("pdl", True)), stream,
             )  # fmt: skip
         else:
             mod.gemm_sm80(
-                dt, cfg, x2.data_ptr(), _ld(x2), wf.data_ptr(), _ld(wf), rstd.data_ptr(), bptr,
+                dt, cfg, a.data_ptr(), _ld(a), wf.data_ptr(), _ld(wf), rstd.data_ptr(), bptr,
                 out.data_ptr(), out.stride(0), M, N, D, stream,
             )  # fmt: skip
         return out.reshape(*lead, N)
     # torch_gemm: no CUTLASS GEMM for this arch -> torch matmul, then the fp32 row scale
-    torch.mm(x2, wf.t(), out=out)
+    torch.mm(a, wf.t(), out=out)
     out.mul_(rstd.to(out.dtype).unsqueeze(1))
     if b is not None:
         out.add_(b)

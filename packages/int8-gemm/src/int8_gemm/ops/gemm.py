@@ -34,7 +34,7 @@ try:  # host-side TMA descriptors (Triton >= 3.4); the TMA variant is skipped wi
 except ImportError:  # pragma: no cover
     _TensorDescriptor = None
 
-from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend
+from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend, use_registered_op
 from .quantize import MIN_ABSMAX, _rne
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.int32)
@@ -671,8 +671,7 @@ def _gemm_torch(A, B, sa, sb, bias, out_dtype) -> torch.Tensor:
     return c.to(out_dtype)
 
 
-@torch.library.custom_op("int8_gemm::gemm_dequant", mutates_args=())
-def _gemm_dequant_op(
+def _gemm_dequant_impl(
     A: torch.Tensor,
     B: torch.Tensor,
     sa: torch.Tensor | None,
@@ -683,6 +682,9 @@ def _gemm_dequant_op(
     if select_backend(A.device) is Backend.TORCH:
         return _gemm_torch(A, B, sa, sb, bias, out_dtype)
     return _launch(A, B, sa, sb, bias, out_dtype)
+
+
+_gemm_dequant_op = torch.library.custom_op("int8_gemm::gemm_dequant", _gemm_dequant_impl, mutates_args=())
 
 
 @_gemm_dequant_op.register_fake
@@ -754,4 +756,5 @@ def int8_gemm_dequant_fwd(
         if bias.stride(0) != 1:
             bias = bias.contiguous()
     select_backend(device)  # raises for unsupported devices
-    return _gemm_dequant_op(A_q, B_q, sa_v, sb_v, bias, out_dtype)
+    op = _gemm_dequant_op if use_registered_op(A_q) else _gemm_dequant_impl
+    return op(A_q, B_q, sa_v, sb_v, bias, out_dtype)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from .._common import Backend, check_same_device, check_tensor, select_backend
-from .gemm import _gemm_dequant_op, _launch, _norm_scale
-from .quantize import _quantize_rows_op
+from .._common import Backend, check_same_device, check_tensor, select_backend, use_registered_op
+from .gemm import _gemm_dequant_impl, _launch, _norm_scale
+from .quantize import _quantize_rows_impl
 
 _ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -27,15 +27,17 @@ def _use_fused_quant(x2: torch.Tensor) -> bool:
     return x2.shape[0] * x2.shape[1] * x2.element_size() <= FUSED_QUANT_MAX_BYTES
 
 
-@torch.library.custom_op("int8_gemm::int8_linear", mutates_args=())
-def _int8_linear_op(
+def _int8_linear_impl(
     x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
 ) -> torch.Tensor:
     # w_q is (N, K) contiguous: w_q.t() is the K-major B the GEMM is fastest with.
     if _use_fused_quant(x2) and select_backend(x2.device) is not Backend.TORCH:
         return _launch(x2, w_q.t(), None, w_scale, bias, out_dtype, quant_a=True)
-    x_q, sa = _quantize_rows_op(x2)
-    return _gemm_dequant_op(x_q, w_q.t(), sa, w_scale, bias, out_dtype)
+    x_q, sa = _quantize_rows_impl(x2)
+    return _gemm_dequant_impl(x_q, w_q.t(), sa, w_scale, bias, out_dtype)
+
+
+_int8_linear_op = torch.library.custom_op("int8_gemm::int8_linear", _int8_linear_impl, mutates_args=())
 
 
 @_int8_linear_op.register_fake
@@ -75,5 +77,5 @@ def int8_linear(
         w_q = w_q.contiguous()
     lead = x.shape[:-1]
     x2 = x.reshape(-1, K)
-    y = _int8_linear_op(x2, w_q, sb, bias, out_dtype)
+    y = (_int8_linear_op if use_registered_op(x2) else _int8_linear_impl)(x2, w_q, sb, bias, out_dtype)
     return y.view(*lead, N)

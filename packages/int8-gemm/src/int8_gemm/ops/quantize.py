@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._common import Backend, check_tensor, select_backend
+from .._common import Backend, check_tensor, select_backend, use_registered_op
 
 MIN_ABSMAX = 1e-30
 _MAX_ONE_PASS = 16384  # longest row held in registers in one go (GPU)
@@ -140,11 +140,13 @@ def _launch_quantize_rows(x2: torch.Tensor, max_one_pass: int | None = None) -> 
     return q, s
 
 
-@torch.library.custom_op("int8_gemm::quantize_rows", mutates_args=())
-def _quantize_rows_op(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize_rows_impl(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if select_backend(x2.device) is Backend.TORCH:
         return _quantize_rows_torch(x2)
     return _launch_quantize_rows(x2)
+
+
+_quantize_rows_op = torch.library.custom_op("int8_gemm::quantize_rows", _quantize_rows_impl, mutates_args=())
 
 
 @_quantize_rows_op.register_fake
@@ -176,7 +178,7 @@ def quantize_symmetric(x: torch.Tensor, dim: int = -1) -> tuple[torch.Tensor, to
     if x.shape[dim] == 0:
         raise ValueError(f"x must have a non-empty dim {dim}, got shape {tuple(x.shape)}")
     x2, moved_shape = _as_rows(x, dim)
-    q2, s = _quantize_rows_op(x2)
+    q2, s = (_quantize_rows_op if use_registered_op(x2) else _quantize_rows_impl)(x2)
     q = q2.view(moved_shape).movedim(-1, dim)
     if dim != x.dim() - 1:
         q = q.contiguous()
