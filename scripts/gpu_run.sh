@@ -1,58 +1,98 @@
 #!/usr/bin/env bash
 # GPU runner for a bare CUDA machine that has torch + triton but no network, nox or hatchling.
-#   scripts/gpu_run.sh OUTDIR [--quick] [--no-bench] [--no-tests] [--tune]
-# Puts the packages' src dirs on PYTHONPATH, builds the CUDA extension in place, runs the GPU
-# tests (-m gpu) and the benchmarks, and writes logs + JSON into OUTDIR.
-# Optional extra Python packages (e.g. CUTLASS headers) can be carried as wheels in .whl/.
+#
+#   scripts/gpu_run.sh OUTDIR [--stages tests,bench] [--quick] [--pack FILE] [PYTEST_PATHS...]
+#
+# Stages (run in this order, any subset):
+#   tests  the GPU test suite (pytest -m gpu) over PYTEST_PATHS (default: every package + tests/)
+#   tune   scripts/tune_int8.py; later stages of the same run use the fresh table
+#   sass   scripts/int8_sass.py: instruction mix of the int8 kernels from their cubins
+#   bench  benchmarks/run_all.py per suite, merged into OUTDIR/<gpu>.json + plots + roofline
+#   late   slow GPU tests named by $LATE_TESTS (JIT build, compute-sanitizer)
+# Puts the packages' src dirs on PYTHONPATH, builds the CUDA extension in place (in the
+# background while the Triton stages run), writes logs + JSON into OUTDIR. Wheels in .whl/
+# (e.g. the CUTLASS headers, nvidia-cutlass) are installed to /tmp/llmk_site first. Each stage
+# has a time limit (STAGE_LIMIT, or TESTS_LIMIT / BENCH_LIMIT / ...), so one slow stage cannot
+# starve the rest; --pack FILE re-packs OUTDIR into FILE after every stage, so a run cut off
+# from outside still returns what finished.
 set -uo pipefail
-OUT=${1:?usage: scripts/gpu_run.sh OUTDIR [--quick] [--no-bench] [--no-tests] [--tune]}
+W=${1:?usage: scripts/gpu_run.sh OUTDIR [--stages LIST] [--quick] [--pack FILE] [PYTEST_PATHS...]}
 shift
-QUICK=""; BENCH=1; TESTS=1; TUNE=0
-for a in "$@"; do
-  case $a in
+STAGES=tests,bench; QUICK=""; PACK=""; PATHS=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --stages) STAGES=$2; shift ;;
     --quick) QUICK=--quick ;;
-    --no-bench) BENCH=0 ;;
-    --no-tests) TESTS=0 ;;
-    --tune) TUNE=1 ;;
-    *) echo "unknown option $a"; exit 2 ;;
+    --pack) PACK=$2; shift ;;
+    --*) echo "unknown option $1"; exit 2 ;;
+    *) PATHS+=("$1") ;;
   esac
+  shift
 done
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-mkdir -p "$OUT"
+mkdir -p "$W"
+W=$(cd "$W" && pwd)
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/llmk_site .whl/*.whl
-  export PYTHONPATH=/tmp/llmk_site${PYTHONPATH:+:$PYTHONPATH}
 fi
-for p in flashattn-triton int8-gemm fused-rmsnorm llmk-meta; do
-  PYTHONPATH=$ROOT/packages/$p/src:$PYTHONPATH
-done
-export PYTHONPATH
+export PYTHONPATH=/tmp/llmk_site:$ROOT/packages/flashattn-triton/src:$ROOT/packages/int8-gemm/src:$ROOT/packages/fused-rmsnorm/src:$ROOT/packages/llmk-meta/src${PYTHONPATH:+:$PYTHONPATH}
+LIMIT=${STAGE_LIMIT:-3600}
+T0=$SECONDS
 status=0
-step() { # name, command...
-  local name=$1; shift
-  local t0=$SECONDS
-  "$@" >"$OUT/$name.log" 2>&1
+pack() { [ -n "$PACK" ] && tar czf "$PACK" -C "$W" . 2>/dev/null; return 0; }
+stage() { # name, seconds, command...
+  local name=$1 limit=$2; shift 2
+  local t=$SECONDS
+  timeout "$limit" "$@" >"$W/$name.log" 2>&1
   local rc=$?
-  echo "$name: rc=$rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
+  echo "$name: rc=$rc $((SECONDS - t))s (t=$((SECONDS - T0))s)" | tee -a "$W/summary.txt"
   [ $rc -eq 0 ] || status=1
-  tail -n 15 "$OUT/$name.log"
+  tail -n 6 "$W/$name.log"
+  pack
 }
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/env.txt" 2>&1
-python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" >> "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
-step build python3 -m fused_rmsnorm._build --inplace
-if [ $TESTS = 1 ]; then
-  step gpu_tests python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/junit.xml"
+has() { case ",$STAGES," in *,$1,*) return 0 ;; esac; return 1; }
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"; } > "$W/env.txt" 2>&1
+cat "$W/env.txt"
+timeout "${BUILD_LIMIT:-$LIMIT}" python3 -m fused_rmsnorm._build --inplace > "$W/build.log" 2>&1 &
+BUILD=$!
+BUILT=0
+need_build() {  # the extension builds in the background until something needs it
+  [ $BUILT = 1 ] && return
+  wait $BUILD; local rc=$?
+  echo "build: rc=$rc (t=$((SECONDS - T0))s)" | tee -a "$W/summary.txt"; tail -3 "$W/build.log"
+  [ $rc -eq 0 ] || status=1
+  BUILT=1
+}
+PYTEST=(python3 -m pytest -q -m gpu -p no:cacheprovider -o "addopts=--import-mode=importlib -ra")
+if has tests; then
+  need_build
+  stage gpu_tests "${TESTS_LIMIT:-$LIMIT}" "${PYTEST[@]}" --junitxml="$W/junit.xml" "${PATHS[@]}"
 fi
-if [ $TUNE = 1 ]; then
-  for t in scripts/tune_*.py; do
-    step "$(basename "$t" .py)" python3 "$t" "$OUT"
+if has tune; then
+  stage tune_int8 "${TUNE_LIMIT:-$LIMIT}" python3 scripts/tune_int8.py "$W" --budget "${TUNE_BUDGET:-120}"
+  [ -s "$W/tuning_int8_gemm.json" ] && cp "$W/tuning_int8_gemm.json" packages/int8-gemm/src/int8_gemm/tuning.json
+fi
+has sass && stage sass "${SASS_LIMIT:-$LIMIT}" python3 scripts/int8_sass.py
+if has bench; then
+  export LLMK_BENCH_STREAM=$W/bench_stream.jsonl  # records are appended as they finish
+  rm -f "$LLMK_BENCH_STREAM"
+  for s in attention int8 rmsnorm; do
+    [ $s = rmsnorm ] && need_build
+    stage "bench_$s" "${BENCH_LIMIT:-$LIMIT}" python3 benchmarks/run_all.py $s $QUICK --json "$W/bench_$s.json"
   done
+  unset LLMK_BENCH_STREAM
+  stage merge 120 python3 benchmarks/merge_results.py "$W/bench_stream.jsonl" --out-dir "$W" --plot
+  stage roofline 300 sh -c "python3 benchmarks/roofline.py $W/\$(cat $W/merged_name) --out $W"
 fi
-if [ $BENCH = 1 ]; then
-  step bench python3 benchmarks/run_all.py $QUICK --json "$OUT/bench.json" --plot
+if has late && [ -n "${LATE_TESTS:-}" ]; then
+  need_build
+  # shellcheck disable=SC2086
+  stage gpu_tests_late "${LATE_LIMIT:-$LIMIT}" "${PYTEST[@]}" $LATE_TESTS
 fi
-cat "$OUT/summary.txt"
+need_build
+pack
+cat "$W/summary.txt"
 exit $status

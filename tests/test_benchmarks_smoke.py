@@ -1,0 +1,71 @@
+"""CPU smoke of the benchmark scripts (what `nox -s bench` runs without a GPU): the harness,
+every suite, the merged results, ratio plots, roofline and the profiler breakdown run end to end
+and produce well-formed, finite numbers. Timings themselves need a GPU."""
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU smoke pass: on a GPU run_all is the real suite")
+
+
+@pytest.fixture(scope="module")
+def smoke_results(tmp_path_factory):
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the smoke pass runs the Triton kernels under TRITON_INTERPRET=1 (set by nox -s tests)")
+    from benchmarks import run_all
+
+    out = tmp_path_factory.mktemp("bench") / "smoke.json"
+    stream = out.with_name("stream.jsonl")
+    os.environ["LLMK_BENCH_STREAM"] = str(stream)
+    try:
+        assert run_all.main(["--json", str(out), "--plot"]) == 0
+    finally:
+        del os.environ["LLMK_BENCH_STREAM"]
+    return out, stream
+
+
+def test_run_all_records_every_suite_with_anchor_ratios(smoke_results):
+    out, _ = smoke_results
+    data = json.loads(out.read_text())
+    assert data["smoke"] is True and "smoke" in data["env"]["mode"]
+    suites = {r["suite"] for r in data["records"]}
+    assert {"attn-fwd", "attn-bwd", "attn-decode", "rmsnorm"} <= suites
+    assert any(s.startswith("int8") for s in suites)
+    for r in data["records"]:
+        assert r["ms"] > 0 and math.isfinite(r["ms"])
+        if r["anchor"] is not None:
+            assert r["ratio_vs_anchor"] > 0
+    assert "SMOKE PASS" in out.with_suffix(".md").read_text()
+    pngs = list(out.parent.glob("smoke-*.png"))
+    assert len(pngs) >= 4 and all(p.stat().st_size > 1000 for p in pngs)
+
+
+def test_merge_roofline_and_profile(smoke_results, tmp_path):
+    from benchmarks import merge_results, profile_kernels, roofline
+
+    out, stream = smoke_results
+    n_stream = len(stream.read_text().splitlines())
+    assert n_stream == len(json.loads(out.read_text())["records"])
+    assert merge_results.main([str(stream), "--out-dir", str(tmp_path)]) == 0
+    merged = tmp_path / (tmp_path / "merged_name").read_text()
+    assert len(json.loads(merged.read_text())["records"]) == n_stream
+
+    assert roofline.main([str(merged), "--out", str(tmp_path)]) == 0
+    roof = json.loads(next(tmp_path.glob("*-roofline.json")).read_text())
+    assert roof["ceilings"]["copy_bytes_per_s"] > 0 and roof["rows"]
+    assert all(r["pct"] > 0 for r in roof["rows"])
+    assert next(tmp_path.glob("*-roofline.png")).stat().st_size > 1000
+
+    assert profile_kernels.main(["--no-ncu", "--iters", "1", "--out", str(tmp_path)]) == 0
+    prof = json.loads((tmp_path / "profile_kernels.json").read_text())
+    assert set(prof) == {"attention", "int8", "rmsnorm"}
+    assert all(prof[op]["torch_profiler"] for op in prof)
