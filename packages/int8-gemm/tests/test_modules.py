@@ -56,6 +56,7 @@ def test_fused_quant_path_matches_two_kernel_path(M, split_k, monkeypatch):
     b = torch.randn(N)
     cfg = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, SPLIT_K=split_k, num_warps=4, num_stages=1)
     monkeypatch.setattr(gmod, "_config_for", lambda *a, **k: dict(cfg))
+    monkeypatch.setattr(lmod, "FUSED_QUANT_MAX_BYTES", 32 * 1024)
     assert lmod._use_fused_quant(x)
     fused = int8_linear(x, w_q, w_s, b, out_dtype=torch.float32)
     monkeypatch.setattr(lmod, "FUSED_QUANT_MAX_BYTES", 0)
@@ -141,6 +142,7 @@ def test_fused_quant_path_gpu(M, K, monkeypatch):
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     w_q = torch.randint(-127, 128, (4096, K), dtype=torch.int8, device="cuda")
     w_s = torch.rand(4096, device="cuda") * 1e-3
+    monkeypatch.setattr(lmod, "FUSED_QUANT_MAX_BYTES", 1 << 20)
     fused = int8_linear(x, w_q, w_s, out_dtype=torch.float32)
     monkeypatch.setattr(lmod, "FUSED_QUANT_MAX_BYTES", 0)
     two_kernel = int8_linear(x, w_q, w_s, out_dtype=torch.float32)

@@ -2,8 +2,8 @@
 
 No extra pass over the output: the quantize kernel reads x once and writes x_q (int8) +
 per-token scales; the GEMM reads x_q and the K-major weight and writes the dequantized (+bias)
-output directly from its int32 accumulator. Decode-sized x (see FUSED_QUANT_MAX_BYTES) skips
-the quantize kernel: the GEMM quantizes its A tiles itself, with the same math (one launch).
+output directly from its int32 accumulator. Optionally (FUSED_QUANT_MAX_BYTES, off by default)
+small x skips the quantize kernel: the GEMM quantizes its A tiles itself, with the same math.
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ from .quantize import _quantize_rows_impl
 _ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-# Decode-sized activations (M * K * itemsize up to this many bytes) are quantized inside the GEMM:
-# one launch instead of two. Each GEMM program re-reads these few KB (from L2) for the row
-# absmax, so the bound keeps that extra traffic small next to the weight stream.
-FUSED_QUANT_MAX_BYTES = 32 * 1024
+# Activations of up to this many bytes (M * K * itemsize) are quantized inside the GEMM: one
+# launch instead of two, but every GEMM program then re-reads its rows for the absmax before
+# its main loop. Off by default: on the H200 (2026-11-29, CUDA-graph timed) the two-kernel path
+# was faster at every decode shape measured (M=1: 10.6 vs 13.9 us at 4096x4096, 22.1 vs 42.8 us
+# at N=4096 K=14336; M=16 likewise), so the single launch does not pay for the serial absmax.
+FUSED_QUANT_MAX_BYTES = 0
 
 
 def _use_fused_quant(x2: torch.Tensor) -> bool:
