@@ -33,7 +33,15 @@ META_PACKAGE = ("llmk-meta", "llm_kernels")
 ALL_PATHS = [f"packages/{p}" for p in [*KERNEL_PACKAGES, META_PACKAGE[0]]]
 
 TORCH_CPU = "torch==2.13.0"  # the CPU build that installs from local disk here
-TEST_DEPS = ["pytest>=8", "transformers>=4.45", "matplotlib", "pybind11>=2.12", "nvidia-cutlass==4.2.0.0"]
+TEST_DEPS = [
+    "pytest>=8",
+    "transformers>=4.45",
+    "matplotlib",
+    # the extension's compile check and wheel-build tests
+    "pybind11>=2.12",
+    "nvidia-cutlass==4.2.0.0",
+    "hatchling>=1.25",
+]
 # (torch, triton, numpy) combinations tested on CPU; triton 3.6's interpreter breaks with numpy >= 2.4.
 MATRIX = [
     ("2.13.0", "3.6.0", "numpy<2.4"),

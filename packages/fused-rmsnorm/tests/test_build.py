@@ -22,7 +22,7 @@ from fused_rmsnorm import _build
 pytestmark = pytest.mark.skipif(_build.find_nvcc() is None, reason="nvcc not found: cannot compile the extension")
 
 SRC = Path(_build.__file__).resolve().parent.parent
-PKG_ROOT = SRC.parent
+PKG_ROOT = Path(__file__).resolve().parents[1]  # packages/fused-rmsnorm (the wheel is built from here)
 
 
 def _run_check(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:

@@ -13,8 +13,6 @@ import pytest
 import torch
 from llm_kernels import cli
 
-PKG_SRC = Path(llm_kernels.__file__).resolve().parent.parent
-
 
 def _env() -> dict[str, str]:
     # the subprocess must import exactly the packages this test process imported
@@ -56,8 +54,14 @@ def test_cli_rejects_unknown_suite(capsys):
 
 
 def test_console_entry_point_declared():
-    text = (PKG_SRC.parent / "pyproject.toml").read_text()
-    assert 'llmk = "llm_kernels.cli:main"' in text
+    from importlib import metadata
+
+    try:  # installed (nox, pip): the real console-script entry point
+        eps = metadata.distribution("llmk-meta").entry_points
+        assert any(ep.name == "llmk" and ep.value == "llm_kernels.cli:main" for ep in eps)
+    except metadata.PackageNotFoundError:  # run from the source tree (PYTHONPATH)
+        text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+        assert 'llmk = "llm_kernels.cli:main"' in text
 
 
 @pytest.mark.skipif(
