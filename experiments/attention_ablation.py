@@ -362,26 +362,13 @@ def load_flash():
 
 
 def env_info(device: torch.device) -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda_runtime": torch.version.cuda,
-        "platform": platform.platform(),
-        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "device": str(device),
-        "triton_interpret": os.environ.get("TRITON_INTERPRET", ""),
-    }
-    try:
-        import triton
+    # The benchmarks' environment record (GPU, versions, driver), plus what this script adds.
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.harness import env_info as bench_env_info
 
-        info["triton"] = triton.__version__
-    except Exception:  # pragma: no cover - triton missing
-        info["triton"] = None
-    if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
-        info.update(gpu=p.name, sm=f"sm{p.major}{p.minor}", gpu_mem_mib=p.total_memory // 2**20)
-    else:
-        info["gpu"] = None
+    info: dict[str, Any] = bench_env_info()
+    info.update(device=str(device), triton_interpret=os.environ.get("TRITON_INTERPRET", ""))
     try:
         import flashattn_triton
 
