@@ -6,7 +6,8 @@
 #    FUSED_RMSNORM_BACKEND=aot (the repo's src/ is not on the path).
 # 2. JIT: builds a JIT-only wheel (FUSED_RMSNORM_BUILD=0), installs it into OUTDIR/site_jit and runs a
 #    GPU test subset with FUSED_RMSNORM_BACKEND=jit: the first call compiles into OUTDIR/jit_cache.
-# Needs hatchling, pybind11 and nvidia-cutlass importable (e.g. wheels installed to /tmp/site).
+# Needs hatchling, pybind11 and nvidia-cutlass importable: wheels installed to $LLMK_SITE (default
+# /tmp/llmk_site, where scripts/gpu_run.sh puts the carried .whl/ files).
 set -uo pipefail
 OUT=${1:?usage: scripts/gpu_rmsnorm_wheel.sh OUTDIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,7 +15,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$ROOT"
 export PYTHONUNBUFFERED=1
-BASE_PP=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+BASE_PP=${LLMK_SITE:-/tmp/llmk_site}${PYTHONPATH:+:$PYTHONPATH}
 status=0
 step() { # name, command...
   local name=$1; shift

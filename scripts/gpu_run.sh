@@ -6,9 +6,12 @@
 # Stages (run in this order, any subset):
 #   tests  the GPU test suite (pytest -m gpu) over PYTEST_PATHS (default: every package + tests/)
 #   tune   scripts/tune_int8.py; later stages of the same run use the fresh table
+#   tune_rmsnorm  scripts/tune_rmsnorm.py (fused_rmsnorm kernel per M); the fresh table is used too
+#   probe  each script in $PROBES (space-separated paths) as `python3 SCRIPT OUTDIR/probe_NAME`
 #   sass   scripts/int8_sass.py: instruction mix of the int8 kernels from their cubins
 #   bench  benchmarks/run_all.py per suite, merged into OUTDIR/<gpu>.json + plots + roofline
 #   late   slow GPU tests named by $LATE_TESTS (JIT build, compute-sanitizer)
+#   wheel  scripts/gpu_rmsnorm_wheel.sh: AOT wheel + JIT-only wheel built, installed and GPU-tested
 # Puts the packages' src dirs on PYTHONPATH, builds the CUDA extension in place (in the
 # background while the Triton stages run), writes logs + JSON into OUTDIR. Wheels in .whl/
 # (e.g. the CUTLASS headers, nvidia-cutlass) are installed to /tmp/llmk_site first. Each stage
@@ -75,6 +78,18 @@ if has tune; then
   stage tune_int8 "${TUNE_LIMIT:-$LIMIT}" python3 scripts/tune_int8.py "$W" --budget "${TUNE_BUDGET:-120}"
   [ -s "$W/tuning_int8_gemm.json" ] && cp "$W/tuning_int8_gemm.json" packages/int8-gemm/src/int8_gemm/tuning.json
 fi
+if has tune_rmsnorm; then
+  need_build
+  stage tune_rmsnorm "${TUNE_LIMIT:-$LIMIT}" python3 scripts/tune_rmsnorm.py "$W/tune_rmsnorm"
+  [ -s "$W/tune_rmsnorm/tuning.json" ] && cp "$W/tune_rmsnorm/tuning.json" packages/fused-rmsnorm/src/fused_rmsnorm/tuning.json
+fi
+if has probe; then
+  need_build
+  for p in ${PROBES:-}; do
+    n=$(basename "$p" .py)
+    stage "$n" "${PROBE_LIMIT:-$LIMIT}" python3 "$p" "$W/$n"
+  done
+fi
 has sass && stage sass "${SASS_LIMIT:-$LIMIT}" python3 scripts/int8_sass.py
 if has bench; then
   export LLMK_BENCH_STREAM=$W/bench_stream.jsonl  # records are appended as they finish
@@ -91,6 +106,12 @@ if has late && [ -n "${LATE_TESTS:-}" ]; then
   need_build
   # shellcheck disable=SC2086
   stage gpu_tests_late "${LATE_LIMIT:-$LIMIT}" "${PYTEST[@]}" $LATE_TESTS
+fi
+if has wheel; then
+  # scratch (wheels, installed sites, JIT cache) stays outside OUTDIR; logs + junit come back
+  stage wheel "${WHEEL_LIMIT:-$LIMIT}" bash scripts/gpu_rmsnorm_wheel.sh /tmp/llmk_wheel
+  mkdir -p "$W/wheel" && cp /tmp/llmk_wheel/*.log /tmp/llmk_wheel/*.xml /tmp/llmk_wheel/summary.txt "$W/wheel/" 2>/dev/null
+  pack
 fi
 need_build
 pack
