@@ -23,6 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # host-side TMA descriptors (Triton >= 3.4); without them the forward keeps the pointer kernel
+    from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
+except ImportError:  # pragma: no cover
+    _TensorDescriptor = None
+
 from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend
 
 LOG2E = 1.4426950408889634
@@ -276,6 +281,177 @@ def _attn_fwd_kernel(
     )
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
     tl.store(LSE + b64 * slb + h.to(tl.int64) * slh + q_start + offs_m, lse, mask=m_ok)
+
+
+# ---- Hopper forward: TMA tensor descriptors ------------------------------------------------
+#
+# Same math and causal split as _attn_fwd_kernel, but Q/K/V tiles arrive by TMA (no per-thread
+# address arithmetic: fewer registers, loads issued by one thread into swizzled shared memory
+# that wgmma reads directly) and O leaves by a TMA store. Rows/cols past the tensor edge are
+# zero-filled on load and clipped on store by the hardware, so only the score mask remains.
+# Two descriptor flavours:
+#   HOST_DESC=True : host TensorDescriptor over the whole (B, H, N, D) view (4-D, any strides
+#                    that are 16-byte multiples); tiles are addressed [b, h, row, 0].
+#   HOST_DESC=False: per-(batch, head) 2-D descriptors built in the kernel (tl.make_tensor_descriptor,
+#                    needs triton.set_allocator for their 128-byte scratch); upstream Triton uses this
+#                    flavour for warp specialization on Hopper.
+
+
+@triton.jit
+def _tma_tile(desc, b, h, row, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HOST_DESC: tl.constexpr):
+    if HOST_DESC:
+        t = desc.load([b, h, row, 0]).reshape(BLOCK_R, BLOCK_D)
+    else:
+        t = desc.load([row, 0])
+    return t
+
+
+@triton.jit
+def _tma_desc(X, b, h, sb, sh, sn, n, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+              HOST_DESC: tl.constexpr):  # fmt: skip
+    if HOST_DESC:
+        d = X
+    else:
+        d = tl.make_tensor_descriptor(
+            X + b.to(tl.int64) * sb + h.to(tl.int64) * sh,
+            shape=[n, HEAD_DIM],
+            strides=[sn, 1],
+            block_shape=[BLOCK_R, BLOCK_D],
+        )
+    return d
+
+
+@triton.jit
+def _fwd_tma_block(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_desc,
+    v_desc,
+    b,
+    hk,
+    last_col,
+    offs_n,
+    lo,
+    hi,
+    qk_scale,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    MASKED: tl.constexpr,
+    HOST_DESC: tl.constexpr,
+    WARP_SPEC: tl.constexpr,
+):
+    """Keys [lo, hi). ``last_col[r]``: last key row r may see (causal diagonal and Nk - 1 folded into one
+    bound, so the mask is a single compare per score)."""
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPEC):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        k = _tma_tile(k_desc, b, hk, start_n, BLOCK_N, BLOCK_D, HOST_DESC)
+        s = tl.dot(q, k.T)
+        if MASKED:
+            s = tl.where(offs_n[None, :] <= (last_col - start_n)[:, None], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # row with nothing visible: exp2 -> 0, not NaN
+            p = tl.math.exp2(s * qk_scale - m_safe[:, None])
+            alpha = tl.math.exp2(m_i - m_safe)
+        else:
+            # scale folded into the exponent: one FMA per score feeding exp2
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            p = tl.math.exp2(s * qk_scale - m_new[:, None])
+            alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = _tma_tile(v_desc, b, hk, start_n, BLOCK_N, BLOCK_D, HOST_DESC)
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_tma_kernel(
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    sqb,
+    sqh,
+    sqm,
+    skb,
+    skh,
+    skn,
+    svb,
+    svh,
+    svn,
+    sob,
+    soh,
+    som,
+    slb,
+    slh,
+    H,
+    GROUP,
+    Nq,
+    Nk,
+    NUM_M,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HOST_DESC: tl.constexpr,
+    WARP_SPEC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_bh = pid // NUM_M
+    pid_m = pid % NUM_M
+    if CAUSAL:
+        pid_m = NUM_M - 1 - pid_m  # longest rows first: better tail balance
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // GROUP
+    start_m = pid_m * BLOCK_M
+    diag = Nk - Nq
+    q_desc = _tma_desc(Q, b, h, sqb, sqh, sqm, Nq, HEAD_DIM, BLOCK_M, BLOCK_D, HOST_DESC)
+    k_desc = _tma_desc(K, b, hk, skb, skh, skn, Nk, HEAD_DIM, BLOCK_N, BLOCK_D, HOST_DESC)
+    v_desc = _tma_desc(V, b, hk, svb, svh, svn, Nk, HEAD_DIM, BLOCK_N, BLOCK_D, HOST_DESC)
+    o_desc = _tma_desc(O, b, h, sob, soh, som, Nq, HEAD_DIM, BLOCK_M, BLOCK_D, HOST_DESC)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    q = _tma_tile(q_desc, b, h, start_m, BLOCK_M, BLOCK_D, HOST_DESC)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    full, hi = _causal_ranges(start_m, Nk, diag, BLOCK_M, BLOCK_N, CAUSAL)
+    last_col = tl.zeros([BLOCK_M], dtype=tl.int32) + (Nk - 1)
+    if CAUSAL:
+        last_col = tl.minimum(last_col, offs_m + diag)
+    if WARP_SPEC:
+        # Hopper's automatic warp specialization (TMA producer warps + two consumer warpgroups) only
+        # handles one loop without branches in this Triton: every tile takes the (cheap) mask
+        acc, l_i, m_i = _fwd_tma_block(
+            acc, l_i, m_i, q, k_desc, v_desc, b, hk, last_col, offs_n, 0, hi, qk_scale,
+            BLOCK_N, BLOCK_D, True, HOST_DESC, True,
+        )  # fmt: skip
+    else:
+        # off-band tiles unmasked, then the diagonal band / ragged tail masked
+        acc, l_i, m_i = _fwd_tma_block(
+            acc, l_i, m_i, q, k_desc, v_desc, b, hk, last_col, offs_n, 0, full, qk_scale,
+            BLOCK_N, BLOCK_D, False, HOST_DESC, False,
+        )  # fmt: skip
+        acc, l_i, m_i = _fwd_tma_block(
+            acc, l_i, m_i, q, k_desc, v_desc, b, hk, last_col, offs_n, full, hi, qk_scale,
+            BLOCK_N, BLOCK_D, True, HOST_DESC, False,
+        )  # fmt: skip
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = (acc / l_safe[:, None]).to(q.dtype)
+    if HOST_DESC:
+        o_desc.store([b, h, start_m, 0], out.reshape(1, 1, BLOCK_M, BLOCK_D))
+    else:
+        o_desc.store([start_m, 0], out)
+    lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
+    tl.store(LSE + b.to(tl.int64) * slb + h.to(tl.int64) * slh + offs_m, lse, mask=offs_m < Nq)
 
 
 # ---- split-KV decode -----------------------------------------------------------------------
@@ -889,7 +1065,7 @@ def candidate_configs(kernel: str, head_dim: int, dtype: torch.dtype) -> list[di
             dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st)
             for m, n, w, st in space
             if not (big and (m > 64 or n > 64 or st > 2)) and not (bd >= 128 and n >= 128 and st > 2)
-        ]
+        ] + fwd_tma_candidates(head_dim, dtype)
     if kernel == "bwd":
         space = [
             (64, 128, 8, 2), (64, 128, 8, 3), (64, 128, 4, 2), (32, 128, 4, 3), (64, 64, 4, 3),
@@ -909,6 +1085,26 @@ def candidate_configs(kernel: str, head_dim: int, dtype: torch.dtype) -> list[di
             if not (big and (n > 64 or st > 2))
         ]
     raise ValueError(f"unknown kernel {kernel!r}")
+
+
+def fwd_tma_candidates(head_dim: int, dtype: torch.dtype) -> list[dict]:
+    """SM90 TMA forward variants (used where fwd_tma_ok holds, else the same tiles on the pointer kernel).
+    WS=1: warp-specialized (TMA producer + 2 consumer warpgroups of 64 rows; num_warps is per partition);
+    otherwise 8 warps = 2 warpgroups sharing the loads, host descriptors and the unmasked/masked split."""
+    bd = _block_d(head_dim)
+    if dtype == torch.float32:
+        return []
+    if bd >= 256:
+        return [dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2, TMA=1, WS=1)]
+    space = [  # (BLOCK_M, BLOCK_N, warps, stages, WS); smem at D128: Q 32K + (K+V) 32K per stage (BLOCK_N 64)
+        (128, 64, 4, 2, 1), (128, 64, 4, 3, 1), (128, 128, 4, 2, 1),
+        (128, 64, 8, 3, 0), (128, 128, 8, 2, 0), (128, 128, 8, 3, 0),
+    ]  # fmt: skip
+    return [
+        dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st, TMA=1, WS=ws)
+        for m, n, w, st, ws in space
+        if not (bd >= 128 and n >= 128 and st > 2)
+    ]
 
 
 def _bench(fn) -> float:
@@ -1062,6 +1258,8 @@ def use_decode_path(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 def _fwd_launch(q, k, v, out, lse, causal, sm_scale, cfg, cu_q=None, cu_k=None, max_q=None, max_k=None):
     varlen = cu_q is not None
+    if not varlen and cfg.get("TMA", 0) and fwd_tma_ok(q, k, v, out):
+        return _fwd_tma_launch(q, k, v, out, lse, causal, sm_scale, cfg)
     if varlen:
         B = cu_q.numel() - 1
         _, H, D = q.shape
@@ -1106,6 +1304,78 @@ def _fwd_launch(q, k, v, out, lse, causal, sm_scale, cfg, cu_q=None, cu_k=None, 
         CAUSAL=bool(causal),
         VARLEN=varlen,
         DOT_PREC=_dot_prec(q.dtype),
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+
+
+def fwd_tma_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> bool:
+    """Can the TMA forward read/write these tensors? fp16/bf16 only (fp32 stays on the exact-fp32 pointer
+    kernel), unit last stride, 16-byte aligned bases and 16-byte multiple strides (so every per-head base
+    is aligned too: a (B, N, H, D) view qualifies whenever D % 8 == 0), and a Triton with descriptors."""
+    if _TensorDescriptor is None or q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if q.device.type == "cuda" and torch.cuda.get_device_capability(q.device)[0] < 9:
+        return False  # no TMA before Hopper
+    per16 = 16 // q.element_size()
+    for t in (q, k, v, out):
+        if t.dim() != 4 or t.stride(3) != 1 or t.data_ptr() % 16:
+            return False
+        if any(st % per16 for st in t.stride()[:3]):
+            return False
+    return True
+
+
+def _tma_alloc(size: int, alignment: int, stream) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_tma_allocator() -> None:
+    """In-kernel descriptors need a small global scratch; install an allocator unless the user has one."""
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_tma_alloc)
+
+
+def _fwd_tma_launch(q, k, v, out, lse, causal, sm_scale, cfg):
+    B, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    bm, bn, bd = cfg["BLOCK_M"], cfg["BLOCK_N"], _block_d(D)
+    ws = bool(cfg.get("WS", 0))
+    # WS needs in-kernel descriptors (host ones do not survive Triton 3.6's Hopper warp specialization)
+    host = not ws and not cfg.get("DEVICE_DESC", 0)
+    if host:  # 4-D descriptors over the (B, H, N, D) views as they are strided
+        args = tuple(
+            _TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, bd])
+            for t, rows in ((q, bm), (k, bn), (v, bn), (out, bm))
+        )
+    else:
+        if q.device.type == "cuda":
+            _ensure_tma_allocator()
+        args = (q, k, v, out)
+    num_m = triton.cdiv(Nq, bm)
+    _attn_fwd_tma_kernel[(num_m * B * H,)](
+        *args,
+        lse,
+        *q.stride()[:3],
+        *k.stride()[:3],
+        *v.stride()[:3],
+        *out.stride()[:3],
+        *lse.stride()[:2],
+        H,
+        H // Hkv,
+        Nq,
+        Nk,
+        num_m,
+        sm_scale * LOG2E,
+        HEAD_DIM=D,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_D=bd,
+        CAUSAL=bool(causal),
+        HOST_DESC=host,
+        WARP_SPEC=ws,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
