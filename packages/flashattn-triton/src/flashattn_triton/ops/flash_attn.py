@@ -486,8 +486,11 @@ def _decode_split_kernel(
     BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
-    """One program: all GROUP*Nq query rows of one KV head against one KV chunk (GQA packing)."""
+    """One program: all GROUP*Nq query rows of one KV head against one KV chunk (GQA packing).
+    With USE_TMA, K and V are rank-4 tensor descriptors over (B, Hkv, Nk, D): one bulk copy per tile
+    instead of per-thread address math, which is what a bandwidth-bound loop spends its issue slots on."""
     pid_bk = tl.program_id(0)
     split = tl.program_id(1)
     b = (pid_bk // Hkv).to(tl.int64)
@@ -505,8 +508,9 @@ def _decode_split_kernel(
         mask=r_ok[:, None] & d_ok[None, :],
         other=0.0,
     )
-    k_base = K + b * skb + hk * skh
-    v_base = V + b * svb + hk * svh
+    if not USE_TMA:
+        k_base = K + b * skb + hk * skh
+        v_base = V + b * svb + hk * svh
     diag = Nk - Nq
     lo = split * chunk
     hi = tl.minimum(lo + chunk, Nk)
@@ -517,7 +521,13 @@ def _decode_split_kernel(
         cols = start_n + offs_n
         n_ok = cols < hi
         kv_off = cols.to(tl.int64)
-        kt = tl.load(k_base + kv_off[None, :] * skn + offs_d[:, None], mask=d_ok[:, None] & n_ok[None, :], other=0.0)
+        if USE_TMA:
+            # rows past Nk are zero-filled by the copy; rows of the next split are masked below
+            kt = tl.trans(K.load([b.to(tl.int32), hk.to(tl.int32), start_n, 0]).reshape(BLOCK_N, BLOCK_D))
+        else:
+            kt = tl.load(
+                k_base + kv_off[None, :] * skn + offs_d[:, None], mask=d_ok[:, None] & n_ok[None, :], other=0.0
+            )
         s = tl.dot(q, kt, input_precision=DOT_PREC)
         ok = n_ok[None, :]
         if CAUSAL:
@@ -528,7 +538,10 @@ def _decode_split_kernel(
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + kv_off[:, None] * svn + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        if USE_TMA:
+            v = V.load([b.to(tl.int32), hk.to(tl.int32), start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+        else:
+            v = tl.load(v_base + kv_off[:, None] * svn + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
         m_i = m_new
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -590,6 +603,7 @@ def _bwd_preprocess_kernel(
     DO,
     DLSE,
     DELTA,
+    DQA,
     cu_q,
     sob,
     soh,
@@ -597,6 +611,9 @@ def _bwd_preprocess_kernel(
     sdob,
     sdoh,
     sdom,
+    sqab,
+    sqah,
+    sqam,
     slb,
     slh,
     H,
@@ -607,8 +624,10 @@ def _bwd_preprocess_kernel(
     BLOCK_D: tl.constexpr,
     VARLEN: tl.constexpr,
     HAS_DLSE: tl.constexpr,
+    ZERO_DQ: tl.constexpr,
 ):
-    """delta = rowsum(dO * O) - dLSE (the LSE gradient folds into delta exactly)."""
+    """delta = rowsum(dO * O) - dLSE (the LSE gradient folds into delta exactly); with ZERO_DQ also clears
+    the fp32 dQ accumulator of the atomic-dQ backward (saves a memset launch)."""
     pid = tl.program_id(0)
     pid_bh = pid // NUM_M
     pid_m = pid % NUM_M
@@ -633,6 +652,50 @@ def _bwd_preprocess_kernel(
     if HAS_DLSE:
         delta -= tl.load(DLSE + lrow, mask=m_ok, other=0.0)
     tl.store(DELTA + lrow, delta, mask=m_ok)
+    if ZERO_DQ:
+        tl.store(DQA + b64 * sqab + h * sqah + rows * sqam + offs_d[None, :], tl.zeros_like(o), mask=mask)
+
+
+@triton.jit
+def _bwd_dq_convert_kernel(
+    DQA,
+    DQ,
+    cu_q,
+    sqab,
+    sqah,
+    sqam,
+    sdqb,
+    sdqh,
+    sdqm,
+    H,
+    Nq,
+    NUM_M,
+    sm_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    VARLEN: tl.constexpr,
+):
+    """dQ = sm_scale * (fp32 accumulator of the atomic-dQ backward), cast to the input dtype."""
+    pid = tl.program_id(0)
+    pid_bh = pid // NUM_M
+    pid_m = pid % NUM_M
+    b = pid_bh // H
+    h = (pid_bh % H).to(tl.int64)
+    q_start, seqlen_q = _seq_bounds(cu_q, b, Nq, VARLEN)
+    start_m = pid_m * BLOCK_M
+    if start_m >= seqlen_q:
+        return
+    b64 = b.to(tl.int64)
+    if VARLEN:
+        b64 = b64 * 0
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m < seqlen_q)[:, None] & _col_mask(offs_d, HEAD_DIM, BLOCK_D)[None, :]
+    rows = (q_start + offs_m)[:, None]
+    acc = tl.load(DQA + b64 * sqab + h * sqah + rows * sqam + offs_d[None, :], mask=mask, other=0.0)
+    dq = (acc * sm_scale).to(DQ.dtype.element_ty)
+    tl.store(DQ + b64 * sdqb + h * sdqh + rows * sdqm + offs_d[None, :], dq, mask=mask)
 
 
 @triton.jit
@@ -645,8 +708,10 @@ def _bwd_dkdv_block(
     do_base,
     l_base,
     d_base,
+    dqa_base,
     sqm,
     sdom,
+    sqam,
     offs_n,
     offs_d,
     lo,
@@ -659,6 +724,7 @@ def _bwd_dkdv_block(
     BLOCK_D: tl.constexpr,
     MASKED: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    DQ_ATOMIC: tl.constexpr,
 ):
     d_ok = _col_mask(offs_d, HEAD_DIM, BLOCK_D)
     for start_m in range(lo, hi, BLOCK_M):
@@ -680,6 +746,15 @@ def _bwd_dkdv_block(
         dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
         dst = pt * (dpt - delta[None, :])
         dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=DOT_PREC)
+        if DQ_ATOMIC:
+            # this KV block's share of dQ (unscaled); rows past the end carry dS = 0 and are masked anyway
+            dq = tl.dot(tl.trans(dst.to(k.dtype)), k, input_precision=DOT_PREC)
+            tl.atomic_add(
+                dqa_base + rows[:, None] * sqam + offs_d[None, :],
+                dq,
+                mask=m_ok[:, None] & d_ok[None, :],
+                sem="relaxed",
+            )
     return dk, dv
 
 
@@ -693,6 +768,7 @@ def _bwd_dkdv_kernel(
     DELTA,
     DK,
     DV,
+    DQA,
     cu_q,
     cu_k,
     sqb,
@@ -713,6 +789,9 @@ def _bwd_dkdv_kernel(
     sdvb,
     sdvh,
     sdvn,
+    sqab,
+    sqah,
+    sqam,
     slb,
     slh,
     Hkv,
@@ -729,8 +808,12 @@ def _bwd_dkdv_kernel(
     CAUSAL: tl.constexpr,
     VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    DQ_ATOMIC: tl.constexpr,
 ):
-    """dK, dV for one KV block, summed over every query head of its GQA group (no scratch, no atomics)."""
+    """dK, dV for one KV block, summed over every query head of its GQA group (no scratch, no atomics).
+    With DQ_ATOMIC it also adds its dQ share into an fp32 accumulator (5 GEMMs per tile instead of the
+    4 + 3 of the separate dQ kernel), walking the query blocks from a per-program offset so neighbouring
+    KV blocks do not hit the same dQ rows at the same time."""
     pid = tl.program_id(0)
     pid_bk = pid // NUM_N
     pid_n = pid % NUM_N  # causal: low n sees the most queries and is scheduled first
@@ -764,12 +847,18 @@ def _bwd_dkdv_kernel(
         lo = 0
         mid = 0
     hi = seqlen_q
+    rot = mid
+    if DQ_ATOMIC:
+        n_blk = tl.cdiv(hi - mid, BLOCK_M)
+        rot = mid + (pid_n % tl.maximum(n_blk, 1)) * BLOCK_M
+        rot = tl.minimum(rot, hi)
     for g in range(0, GROUP):
         h = (hk * GROUP + g).to(tl.int64)
         q_base = Q + b64 * sqb + h * sqh + q_start * sqm
         do_base = DO + b64 * sdob + h * sdoh + q_start * sdom
         l_base = LSE + b64 * slb + h * slh + q_start
         d_base = DELTA + b64 * slb + h * slh + q_start
+        dqa_base = DQA + b64 * sqab + h * sqah + q_start * sqam
         if CAUSAL:
             dk, dv = _bwd_dkdv_block(
                 dk,
@@ -780,8 +869,10 @@ def _bwd_dkdv_kernel(
                 do_base,
                 l_base,
                 d_base,
+                dqa_base,
                 sqm,
                 sdom,
+                sqam,
                 offs_n,
                 offs_d,
                 lo,
@@ -794,6 +885,7 @@ def _bwd_dkdv_kernel(
                 BLOCK_D,
                 True,
                 DOT_PREC,
+                DQ_ATOMIC,
             )
         dk, dv = _bwd_dkdv_block(
             dk,
@@ -804,11 +896,13 @@ def _bwd_dkdv_kernel(
             do_base,
             l_base,
             d_base,
+            dqa_base,
             sqm,
             sdom,
+            sqam,
             offs_n,
             offs_d,
-            mid,
+            rot,
             hi,
             seqlen_q,
             diag,
@@ -818,7 +912,36 @@ def _bwd_dkdv_kernel(
             BLOCK_D,
             False,
             DOT_PREC,
+            DQ_ATOMIC,
         )
+        if DQ_ATOMIC:
+            dk, dv = _bwd_dkdv_block(
+                dk,
+                dv,
+                k,
+                v,
+                q_base,
+                do_base,
+                l_base,
+                d_base,
+                dqa_base,
+                sqm,
+                sdom,
+                sqam,
+                offs_n,
+                offs_d,
+                mid,
+                rot,
+                seqlen_q,
+                diag,
+                qk2,
+                HEAD_DIM,
+                BLOCK_M,
+                BLOCK_D,
+                False,
+                DOT_PREC,
+                DQ_ATOMIC,
+            )
     dk = dk * sm_scale
     tl.store(
         DK + b64 * sdkb + hk.to(tl.int64) * sdkh + rows_n * sdkn + offs_d[None, :],
@@ -1071,11 +1194,18 @@ def candidate_configs(kernel: str, head_dim: int, dtype: torch.dtype) -> list[di
             (64, 128, 8, 2), (64, 128, 8, 3), (64, 128, 4, 2), (32, 128, 4, 3), (64, 64, 4, 3),
             (32, 64, 4, 4), (32, 64, 4, 2), (16, 32, 4, 1),
         ]  # fmt: skip
-        return [
+        split = [
             dict(BLOCK_M1=m, BLOCK_N1=n, BLOCK_M2=n, BLOCK_N2=m, num_warps=w, num_stages=st)
             for m, n, w, st in space
             if not (big and (n > 64 or st > 2))
         ]
+        # atomic dQ (dK/dV kernel accumulates dQ in fp32): fewer GEMMs, more registers -> 8 warps only
+        atomic = [
+            dict(BLOCK_M1=m, BLOCK_N1=n, BLOCK_M2=n, BLOCK_N2=m, num_warps=8, num_stages=st, DQ_ATOMIC=True)
+            for m, n, st in ((32, 128, 3), (64, 64, 3), (64, 128, 2))
+            if not big
+        ]
+        return split + atomic
     if kernel == "decode":
         return [
             dict(BLOCK_N=n, num_warps=w, num_stages=st)
@@ -1083,6 +1213,10 @@ def candidate_configs(kernel: str, head_dim: int, dtype: torch.dtype) -> list[di
             for w in (4, 8)
             for st in (2, 3, 4)
             if not (big and (n > 64 or st > 2))
+        ] + [
+            dict(BLOCK_N=n, num_warps=4, num_stages=st, TMA=True, WAVES=wv)
+            for n, st, wv in ((64, 4, 2), (128, 2, 2), (128, 3, 1), (32, 4, 4))
+            if not big
         ]
     raise ValueError(f"unknown kernel {kernel!r}")
 
@@ -1381,11 +1515,25 @@ def _fwd_tma_launch(q, k, v, out, lse, causal, sm_scale, cfg):
     )
 
 
-def decode_num_splits(device: torch.device, batch_kv_heads: int, nk: int, block_n: int) -> int:
-    """Enough KV splits that B*Hkv*splits covers ~2 waves of SMs (at least one KV tile per split)."""
+def decode_num_splits(device: torch.device, batch_kv_heads: int, nk: int, block_n: int, waves: float = 2) -> int:
+    """Enough KV splits that B*Hkv*splits covers ``waves`` waves of SMs (at least one KV tile per split)."""
     n_blocks = triton.cdiv(nk, block_n)
-    want = triton.cdiv(2 * _num_sms(device), batch_kv_heads)
+    want = triton.cdiv(max(1, int(waves * _num_sms(device))), batch_kv_heads)
     return max(1, min(want, n_blocks, 256))
+
+
+def _decode_tma_ok(t: torch.Tensor) -> bool:
+    """Rank-4 TMA descriptors need sm90+, a 16-byte aligned base and 16-byte aligned outer strides."""
+    if t.device.type != "cuda" or torch.cuda.get_device_capability(t.device)[0] < 9:
+        return False
+    es = t.element_size()
+    return t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all((st * es) % 16 == 0 for st in t.stride()[:-1])
+
+
+def _decode_kv_desc(t: torch.Tensor, block_n: int, block_d: int):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, block_n, block_d])
 
 
 def _decode_launch(q, k, v, out, lse, causal, sm_scale, cfg, num_splits=None):
@@ -1394,17 +1542,19 @@ def _decode_launch(q, k, v, out, lse, causal, sm_scale, cfg, num_splits=None):
     group = H // Hkv
     bn = cfg["BLOCK_N"]
     if num_splits is None:
-        num_splits = decode_num_splits(q.device, B * Hkv, Nk, bn)
+        num_splits = decode_num_splits(q.device, B * Hkv, Nk, bn, cfg.get("WAVES", 2))
     chunk = triton.cdiv(triton.cdiv(Nk, num_splits), bn) * bn
     num_splits = triton.cdiv(Nk, chunk)
     R = group * Nq
     opart = torch.empty((B * Hkv, num_splits, R, D), device=q.device, dtype=torch.float32)
     lpart = torch.empty((B * Hkv, num_splits, R), device=q.device, dtype=torch.float32)
     bd = _block_d(D)
+    use_tma = bool(cfg.get("TMA", False)) and _decode_tma_ok(k) and _decode_tma_ok(v)
+    kk, vv = (_decode_kv_desc(k, bn, bd), _decode_kv_desc(v, bn, bd)) if use_tma else (k, v)
     _decode_split_kernel[(B * Hkv, num_splits)](
         q,
-        k,
-        v,
+        kk,
+        vv,
         opart,
         lpart,
         *q.stride()[:3],
@@ -1423,6 +1573,7 @@ def _decode_launch(q, k, v, out, lse, causal, sm_scale, cfg, num_splits=None):
         BLOCK_D=bd,
         CAUSAL=bool(causal),
         DOT_PREC=_dot_prec(q.dtype),
+        USE_TMA=use_tma,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
@@ -1489,6 +1640,9 @@ def _backward_launch(
     group = H // Hkv
     bd = _block_d(D)
     delta = torch.empty_like(lse)
+    # atomic dQ: the dK/dV kernel also accumulates dQ in fp32 (cleared by the preprocess, cast at the end)
+    dq_atomic = bool(cfg.get("DQ_ATOMIC", False))
+    dqa = torch.empty(q.shape, device=q.device, dtype=torch.float32) if dq_atomic else dq
     pre_bm = 64
     num_pre = triton.cdiv(Nq, pre_bm)
     _bwd_preprocess_kernel[(num_pre * B * H,)](
@@ -1496,9 +1650,11 @@ def _backward_launch(
         do,
         dlse if dlse is not None else lse,
         delta,
+        dqa,
         cu_q,
         *st(out),
         *st(do),
+        *st(dqa),
         *sl,
         H,
         Nq,
@@ -1508,6 +1664,7 @@ def _backward_launch(
         BLOCK_D=bd,
         VARLEN=varlen,
         HAS_DLSE=dlse is not None,
+        ZERO_DQ=dq_atomic,
     )
     prec = _dot_prec(q.dtype)
     num_n = triton.cdiv(Nk, cfg["BLOCK_N1"])
@@ -1520,6 +1677,7 @@ def _backward_launch(
         delta,
         dk,
         dv,
+        dqa,
         cu_q,
         cu_k,
         *st(q),
@@ -1528,6 +1686,7 @@ def _backward_launch(
         *st(do),
         *st(dk),
         *st(dv),
+        *st(dqa),
         *sl,
         Hkv,
         group,
@@ -1543,9 +1702,27 @@ def _backward_launch(
         CAUSAL=bool(causal),
         VARLEN=varlen,
         DOT_PREC=prec,
+        DQ_ATOMIC=dq_atomic,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
+    if dq_atomic:
+        _bwd_dq_convert_kernel[(num_pre * B * H,)](
+            dqa,
+            dq,
+            cu_q,
+            *st(dqa),
+            *st(dq),
+            H,
+            Nq,
+            num_pre,
+            sm_scale,
+            HEAD_DIM=D,
+            BLOCK_M=pre_bm,
+            BLOCK_D=bd,
+            VARLEN=varlen,
+        )
+        return
     num_m = triton.cdiv(Nq, cfg["BLOCK_M2"])
     _bwd_dq_kernel[(num_m * B * H,)](
         q,
