@@ -11,7 +11,8 @@
 #   sass   scripts/int8_sass.py: instruction mix of the int8 kernels from their cubins
 #   bench  benchmarks/run_all.py per suite, merged into OUTDIR/<gpu>.json + plots + roofline
 #   late   slow GPU tests named by $LATE_TESTS (JIT build, compute-sanitizer)
-#   wheel  scripts/gpu_rmsnorm_wheel.sh: AOT wheel + JIT-only wheel built, installed and GPU-tested
+#   wheel  scripts/gpu_rmsnorm_wheel.sh: AOT wheel + JIT-only wheel built (in the background from the
+#          start), installed and GPU-tested (at the end)
 # Puts the packages' src dirs on PYTHONPATH, builds the CUDA extension in place (in the
 # background while the Triton stages run), writes logs + JSON into OUTDIR. Wheels in .whl/
 # (e.g. the CUTLASS headers, nvidia-cutlass) are installed to /tmp/llmk_site first. Each stage
@@ -62,6 +63,10 @@ cat "$W/env.txt"
 timeout "${BUILD_LIMIT:-$LIMIT}" python3 -m fused_rmsnorm._build --inplace > "$W/build.log" 2>&1 &
 BUILD=$!
 BUILT=0
+if has wheel; then  # the wheel builds (CPU only) overlap the GPU stages; their tests run last
+  bash scripts/gpu_rmsnorm_wheel.sh /tmp/llmk_wheel build > "$W/wheel_build.log" 2>&1 &
+  WHEEL_BUILD=$!
+fi
 need_build() {  # the extension builds in the background until something needs it
   [ $BUILT = 1 ] && return
   wait $BUILD; local rc=$?
@@ -109,7 +114,8 @@ if has late && [ -n "${LATE_TESTS:-}" ]; then
 fi
 if has wheel; then
   # scratch (wheels, installed sites, JIT cache) stays outside OUTDIR; logs + junit come back
-  stage wheel "${WHEEL_LIMIT:-$LIMIT}" bash scripts/gpu_rmsnorm_wheel.sh /tmp/llmk_wheel
+  wait $WHEEL_BUILD; echo "wheel build: rc=$? (t=$((SECONDS - T0))s)" | tee -a "$W/summary.txt"
+  stage wheel "${WHEEL_LIMIT:-$LIMIT}" bash scripts/gpu_rmsnorm_wheel.sh /tmp/llmk_wheel test
   mkdir -p "$W/wheel" && cp /tmp/llmk_wheel/*.log /tmp/llmk_wheel/*.xml /tmp/llmk_wheel/summary.txt "$W/wheel/" 2>/dev/null
   pack
 fi
