@@ -7,7 +7,7 @@
 #   tests  the GPU test suite (pytest -m gpu) over PYTEST_PATHS (default: every package + tests/)
 #   tune   scripts/tune_int8.py; later stages of the same run use the fresh table
 #   tune_rmsnorm  scripts/tune_rmsnorm.py (fused_rmsnorm kernel per M); the fresh table is used too
-#   probe  each script in $PROBES (space-separated paths) as `python3 SCRIPT OUTDIR/probe_NAME`
+#   probe  each script in $PROBES (space-separated PATH[:BUDGET]) as `python3 PATH OUTDIR/NAME [--budget B]`
 #   sass   scripts/int8_sass.py: instruction mix of the int8 kernels from their cubins
 #   bench  benchmarks/run_all.py per suite, merged into OUTDIR/<gpu>.json + plots + roofline
 #   late   slow GPU tests named by $LATE_TESTS (JIT build, compute-sanitizer)
@@ -90,9 +90,10 @@ if has tune_rmsnorm; then
 fi
 if has probe; then
   need_build
-  for p in ${PROBES:-}; do
-    n=$(basename "$p" .py)
-    stage "$n" "${PROBE_LIMIT:-$LIMIT}" python3 "$p" "$W/$n"
+  for spec in ${PROBES:-}; do  # PATH or PATH:BUDGET_SECONDS (passed on as --budget)
+    p=${spec%%:*}; n=$(basename "$p" .py); b=()
+    [ "$spec" != "$p" ] && b=(--budget "${spec#*:}")
+    stage "$n" "${PROBE_LIMIT:-$LIMIT}" python3 "$p" "$W/$n" "${b[@]}"
   done
 fi
 has sass && stage sass "${SASS_LIMIT:-$LIMIT}" python3 scripts/int8_sass.py
