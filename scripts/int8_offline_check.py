@@ -49,6 +49,7 @@ def inspect(cubin: bytes) -> dict:
     shared = re.search(r"SHARED:(\d+)", res)
     return dict(
         IGMMA=count("IGMMA"),
+        IMMA=count("IMMA"),
         UTMALDG=count("UTMALDG"),
         LDGSTS=count("LDGSTS"),
         CCTL=count("CCTL"),  # prefetch.global.L2 lowers to CCTL
@@ -72,6 +73,8 @@ def compile_std(cfg: dict, M: int, N: int, K: int, split: int, quant_a: bool = F
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=bk, GROUP_M=cfg.get("GROUP_M", 1),
         SPLIT_K=split, FUSED_REDUCE=split > 1, QUANT_A=quant_a, MIN_AMAX=Q.MIN_ABSMAX,
     )  # fmt: skip
+    consts |= dict(AMAX_ONE_ROW=False, AMAX_CHUNK=1024, AMAX_NCHUNK=0, PF_LINES=0, PDL_WAIT=False)  # JIT defaults
+    consts["WS_I32"] = split > 1 and split * M * N < 2**31
     if quant_a and M == 1:
         ch = min(G._AMAX_CHUNK_MAX, triton.next_power_of_2(K))
         consts |= dict(AMAX_ONE_ROW=True, AMAX_CHUNK=ch, AMAX_NCHUNK=-(-K // ch))
@@ -107,11 +110,17 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO / "scripts"))
-    from probe_int8 import candidate_sets
+    from probe_int8 import candidate_sets, cfg_name
 
     print(f"triton {triton.__version__}, target sm_90a (offline compile)")
     seen = set()
     for group, (M, N, K), cfg, mode in candidate_sets(quick=args.quick):
+        if mode == "module":
+            continue
+        if cfg is None:
+            cfg = G._table().lookup("sm90", M=M, N=N, K=K, b_kmajor=True)
+        if mode in ("two", "module"):
+            mode = "gemm"
         key = (json_key := repr(sorted(cfg.items()))) + mode + (f"{M}x{N}x{K}" if not cfg.get("TMA") else "")
         if key in seen:
             continue
@@ -124,7 +133,8 @@ def main() -> None:
                 k = compile_std(cfg, M, N, K, split, quant_a=mode == "fused", pdl=mode == "pdl")
             info = inspect(k.asm["cubin"])
             ws = "ws" if "warp_specialize" in k.asm["ttgir"] or "ttg.warp_specialize" in k.asm["ttgir"] else ""
-            print(f"{group:<8} {M}x{N}x{K:<6} {mode:<5} {json_key[:150]:<150} {info} {ws}", flush=True)
+            info = " ".join(f"{k}={v}" for k, v in info.items())
+            print(f"{group:<7} {M}x{N}x{K:<12} {mode:<5} {cfg_name(cfg)[:34]:<34} {info} {ws}", flush=True)
         except Exception as e:  # report, keep going
             print(
                 f"{group:<8} {M}x{N}x{K:<6} {mode:<5} {json_key[:150]} COMPILE FAILED: {str(e).splitlines()[0][:200]}"

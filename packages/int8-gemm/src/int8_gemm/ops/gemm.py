@@ -129,6 +129,7 @@ def _int8_gemm_kernel(
     AMAX_NCHUNK: tl.constexpr = 0,
     PF_LINES: tl.constexpr = 0,
     PDL_WAIT: tl.constexpr = False,
+    WS_I32: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -253,10 +254,16 @@ def _int8_gemm_kernel(
             stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32, sa_vals, QUANT_A,
         )  # fmt: skip
     else:
-        # int32 partials, summed exactly before any scaling.
+        # int32 partials, summed exactly before any scaling. Scalar plane base + int32 tile offsets
+        # (WS_I32: split*M*N < 2**31) instead of a 2-D tensor of 64-bit pointers, which stayed live
+        # across the reduction and spilled (64x128 tiles: 255 registers + local memory on sm90).
         mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-        ws_tile = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
-        tl.store(ws_tile + pid_k.to(tl.int64) * M * N, acc, mask=mask)
+        if WS_I32:
+            ws_off = offs_m32[:, None] * N + offs_n32[None, :]
+        else:
+            ws_off = offs_m[:, None] * N + offs_n[None, :]
+        plane = (tl.full((), 0, tl.int64) + M) * N  # int64: M*N can pass 2**31
+        tl.store(ws_ptr + pid_k.to(tl.int64) * plane + ws_off, acc, mask=mask)
         if FUSED_REDUCE:
             # The last of the SPLIT_K programs of this tile to arrive sums the partials and runs
             # the epilogue: one launch instead of two (decode shapes are launch-bound).
@@ -265,13 +272,12 @@ def _int8_gemm_kernel(
             arrived = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
             if arrived == SPLIT_K - 1:
                 tl.debug_barrier()
-                plane = (tl.full((), 0, tl.int64) + M) * N  # int64: M*N can pass 2**31
-                part_ptrs = ws_tile
+                part_base = ws_ptr
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
                 for _ in range(0, SPLIT_K):  # own partial included: simpler than masking it out
                     # .cg: read through L2, where the other SMs' partials are.
-                    acc += tl.load(part_ptrs, mask=mask, other=0, cache_modifier=".cg")
-                    part_ptrs += plane
+                    acc += tl.load(part_base + ws_off, mask=mask, other=0, cache_modifier=".cg")
+                    part_base += plane
                 _epilogue(
                     acc, c_ptr, sa_ptr, sb_ptr, bias_ptr, offs_m, offs_n, M, N,
                     stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32, sa_vals, QUANT_A,
@@ -681,6 +687,8 @@ def _make_plan(A, B, sa, sb, bias, out_dtype, cfg, quant_a, pdl, allow_fused=Tru
         kw["PF_LINES"] = triton.next_power_of_2(_cdiv(k_per_split, 128))
     if pdl and on_gpu:
         kw.update(PDL_WAIT=True, launch_pdl=True)
+    if split_k > 1 and split_k * M * N < 2**31:
+        kw["WS_I32"] = True
     p.kw = kw
     p.reduce_grid = (_cdiv(M, 32), _cdiv(N, 128)) if split_k > 1 and not fused else None
     return p
