@@ -52,6 +52,13 @@ def use_registered_op(*tensors: object) -> bool:
     """
     if torch.compiler.is_compiling():
         return True
-    from torch._subclasses.fake_tensor import FakeTensor
+    for t in tensors:  # plain tensors (the eager case) are decided by a type check
+        if type(t) is torch.Tensor:
+            if t.is_meta:
+                return True
+        elif isinstance(t, torch.Tensor):
+            from torch._subclasses.fake_tensor import FakeTensor
 
-    return any(isinstance(t, FakeTensor) or (isinstance(t, torch.Tensor) and t.is_meta) for t in tensors)
+            if isinstance(t, FakeTensor) or t.is_meta:
+                return True
+    return False

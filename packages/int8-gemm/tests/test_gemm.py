@@ -87,8 +87,8 @@ def test_split_k_exact(split_k, fused, monkeypatch):
     torch.testing.assert_close(d.double(), _ref_deq(A, W.t(), sa, sb, bias), rtol=1e-5, atol=1e-3)
 
 
-@pytest.mark.parametrize("persistent", [0, 1])
-def test_tma_variant_exact(persistent, monkeypatch):
+@pytest.mark.parametrize("persistent,extra", [(0, {}), (1, {}), (1, {"EPI_SPLIT": 2}), (0, {"WARP_SPEC": 1})])
+def test_tma_variant_exact(persistent, extra, monkeypatch):
     """The TMA-descriptor kernel (SM90 candidate in the tuning space) under the interpreter."""
     if gmod.select_backend(torch.device("cpu")) is not gmod.Backend.INTERPRETER:
         pytest.skip("explicit kernel configs need TRITON_INTERPRET=1 on CPU")
@@ -101,6 +101,7 @@ def test_tma_variant_exact(persistent, monkeypatch):
     sa, sb, bias = torch.rand(M) + 0.1, torch.rand(N) + 0.1, torch.randn(N)
     cfg = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=2, SPLIT_K=1, num_warps=4, num_stages=1, TMA=1)
     cfg["PERSISTENT"] = persistent
+    cfg.update(extra)
     assert gmod._tma_ok(A, W.t())
     c = gmod._launch(A, W.t(), None, None, None, torch.int32, cfg)
     assert torch.equal(c.long(), _ref_int(A, W.t()))
@@ -327,3 +328,84 @@ def test_opt_in_autotune_gpu(monkeypatch):
     assert torch.equal(c.long(), (A.double() @ W.double().t()).long())
     (key, cfg), *_ = gmod._AUTOTUNE_CACHE.items()
     assert key[1] == gmod.m_bucket(40) and cfg in gmod.candidate_configs(40, key[0])
+
+
+def test_launch_plan_cached_per_shape(monkeypatch):
+    """The config is looked up once per shape key; a new shape, layout or config gets its own plan."""
+    if gmod.select_backend(torch.device("cpu")) is not gmod.Backend.INTERPRETER:
+        pytest.skip("needs TRITON_INTERPRET=1 on CPU")
+    _poisoned_launch(monkeypatch)
+    monkeypatch.setattr(gmod, "_PLANS", {})
+    calls = []
+    real = gmod._config_for
+
+    def counting(*a, **k):
+        calls.append(a[:3])
+        return real(*a, **k)
+
+    monkeypatch.setattr(gmod, "_config_for", counting)
+    torch.manual_seed(51)
+    for M, N, K in [(3, 40, 70), (3, 40, 70), (21, 40, 70), (3, 40, 70)]:
+        A, W = _rand_i8(M, K), _rand_i8(N, K)
+        sa, sb = torch.rand(M) + 0.1, torch.rand(N) + 0.1
+        d = int8_gemm_dequant_fwd(A, W.t(), sa, sb, out_dtype=torch.float32)
+        torch.testing.assert_close(d.double(), _ref_deq(A, W.t(), sa, sb), rtol=1e-5, atol=1e-3)
+        c = int8_gemm_dequant_fwd(A, W.t().contiguous(), None, None, out_dtype=torch.int32)  # other layout
+        assert torch.equal(c.long(), _ref_int(A, W.t()))
+    assert calls == [(3, 40, 70), (3, 40, 70), (21, 40, 70), (21, 40, 70)]  # 2 layouts x 2 shapes
+    # explicit configs are keyed by value: a different config on the same shape is not a stale plan
+    A, W = _rand_i8(9, 70), _rand_i8(37, 70)
+    for sk in (1, 3, 1):
+        cfg = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, SPLIT_K=sk, num_warps=4, num_stages=1)
+        c = gmod._launch(A, W.t(), None, None, None, torch.int32, cfg)
+        assert torch.equal(c.long(), _ref_int(A, W.t()))
+        assert gmod._get_plan(A, W.t(), None, None, None, torch.int32, cfg, False, False).split_k == sk
+
+
+def test_decode_options_ignored_off_gpu(monkeypatch):
+    """PREFETCH (inline PTX) and pdl have no interpreter form: on CPU they are dropped, results exact."""
+    if gmod.select_backend(torch.device("cpu")) is not gmod.Backend.INTERPRETER:
+        pytest.skip("needs TRITON_INTERPRET=1 on CPU")
+    _poisoned_launch(monkeypatch)
+    torch.manual_seed(52)
+    A, W = _rand_i8(1, 300), _rand_i8(45, 300)
+    cfg = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, GROUP_M=1, SPLIT_K=2, num_warps=4, num_stages=1, PREFETCH=1)
+    p = gmod._get_plan(A, W.t(), None, None, None, torch.int32, cfg, False, True)
+    assert "PF_LINES" not in p.kw and "PDL_WAIT" not in p.kw and "launch_pdl" not in p.kw
+    c = gmod._launch(A, W.t(), None, None, None, torch.int32, cfg, pdl=True)
+    assert torch.equal(c.long(), _ref_int(A, W.t()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K,split_k", [(1, 4096, 4096, 4), (16, 1000, 5000, 3), (5, 4096, 14336, 1)])
+def test_prefetch_and_pdl_gpu(M, N, K, split_k):
+    """L2 prefetch of the weight slab and the PDL launch (after the quantizer): exact, also under
+    CUDA-graph replay."""
+    from int8_gemm.ops import quantize as qmod
+
+    torch.manual_seed(53)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    W = _rand_i8(N, K, device="cuda")
+    sb = torch.rand(N, device="cuda") * 1e-3
+    cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, GROUP_M=1, SPLIT_K=split_k, num_warps=4, num_stages=4)
+    cfg["PREFETCH"] = 1
+
+    def run(pdl):
+        q, s = qmod._launch_quantize_rows(x, pdl=pdl)
+        return gmod._launch(q, W.t(), s, sb, None, torch.float32, cfg, pdl=pdl), q, s
+
+    ref_out, q, s = run(False)
+    exact = (q.double() @ W.double().t()) * s.double()[:, None] * sb.double()[None, :]
+    torch.testing.assert_close(ref_out.double(), exact, rtol=1e-6, atol=1e-6 * exact.abs().max().item())
+    assert torch.equal(run(True)[0], ref_out)
+    st = torch.cuda.Stream()
+    with torch.cuda.stream(st):
+        run(True)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = run(True)[0]
+    for _ in range(5):
+        x.normal_()
+        g.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, run(False)[0], rtol=0, atol=0)

@@ -66,6 +66,64 @@ def test_fused_quant_path_matches_two_kernel_path(M, split_k, monkeypatch):
     torch.testing.assert_close(fused.double(), ref, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("K", [200, 4100])
+def test_fused_quant_one_row_chunks(K, monkeypatch):
+    """M == 1 fused quantization scans the row in unrolled chunks (several here): bit-equal to the
+    quantize kernel + GEMM path."""
+    from int8_gemm.ops import gemm as gmod
+    from int8_gemm.ops import linear as lmod
+
+    if gmod.select_backend(torch.device("cpu")) is not gmod.Backend.INTERPRETER:
+        pytest.skip("the fused kernel path needs TRITON_INTERPRET=1 on CPU")
+    monkeypatch.setattr(gmod, "_PLANS", {})
+    monkeypatch.setattr(gmod, "_AMAX_CHUNK_MAX", 64)
+    torch.manual_seed(K)
+    x = torch.randn(1, K, dtype=torch.bfloat16)
+    x[0, K - 3] = -40.0  # the absmax sits in the last, partial chunk
+    w_q = torch.randint(-127, 128, (24, K), dtype=torch.int8)
+    w_s = torch.rand(24) * 1e-2 + 1e-3
+    cfg = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, GROUP_M=1, SPLIT_K=2, num_warps=4, num_stages=1)
+    monkeypatch.setattr(gmod, "_config_for", lambda *a, **k: dict(cfg))
+    plan = gmod._get_plan(x, w_q.t(), None, w_s, None, torch.float32, None, True, False)
+    assert plan.kw["AMAX_ONE_ROW"] and plan.kw["AMAX_NCHUNK"] == -(-K // 64)
+    monkeypatch.setattr(lmod, "FUSED_QUANT_MAX_BYTES", 1 << 20)
+    fused = int8_linear(x, w_q, w_s, out_dtype=torch.float32)
+    monkeypatch.setattr(lmod, "FUSED_QUANT_MAX_BYTES", 0)
+    assert torch.equal(fused, int8_linear(x, w_q, w_s, out_dtype=torch.float32))
+
+
+def test_int8_linear_pdl_switch_cpu(monkeypatch):
+    """PDL_MAX_M only applies to CUDA tensors on SM90+; on CPU the plain two-kernel path runs."""
+    from int8_gemm.ops import linear as lmod
+
+    monkeypatch.setattr(lmod, "PDL_MAX_M", 16)
+    x = torch.randn(3, 64, dtype=torch.float16)
+    assert not lmod._use_pdl(x)
+    w_q = torch.randint(-127, 128, (24, 64), dtype=torch.int8)
+    w_s = torch.rand(24) * 1e-2 + 1e-3
+    y = int8_linear(x, w_q, w_s, out_dtype=torch.float32)
+    torch.testing.assert_close(y.double(), _ref_linear(x, w_q, w_s, None), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 4, 16])
+@pytest.mark.parametrize("K", [4096, 14336])
+def test_decode_modes_gpu(M, K, monkeypatch):
+    """Int8Linear decode paths on the GPU (two kernels, PDL, fused quantization): identical outputs."""
+    from int8_gemm.ops import linear as lmod
+
+    torch.manual_seed(M + K)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w_q = torch.randint(-127, 128, (4096, K), dtype=torch.int8, device="cuda")
+    w_s = torch.rand(4096, device="cuda") * 1e-3
+    base = int8_linear(x, w_q, w_s, out_dtype=torch.float32)
+    torch.testing.assert_close(base.double(), _ref_linear(x, w_q, w_s, None), rtol=1e-5, atol=1e-3)
+    monkeypatch.setattr(lmod, "PDL_MAX_M", 16)
+    assert torch.equal(int8_linear(x, w_q, w_s, out_dtype=torch.float32), base)
+    monkeypatch.setattr(lmod, "FUSED_QUANT_MAX_BYTES", 1 << 30)
+    assert torch.equal(int8_linear(x, w_q, w_s, out_dtype=torch.float32), base)
+
+
 @pytest.mark.parametrize("bias", [True, False])
 def test_int8linear_from_float(bias):
     torch.manual_seed(3)

@@ -29,6 +29,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # programmatic dependent launch (SM90+): safe no-ops when the launch is not a PDL one
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover
+    gdc_wait = gdc_launch_dependents = None
+
 try:  # host-side TMA descriptors (Triton >= 3.4); the TMA variant is skipped without them
     from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
 except ImportError:  # pragma: no cover
@@ -119,6 +124,12 @@ def _int8_gemm_kernel(
     FUSED_REDUCE: tl.constexpr,
     QUANT_A: tl.constexpr = False,
     MIN_AMAX: tl.constexpr = 1e-30,
+    AMAX_ONE_ROW: tl.constexpr = False,
+    AMAX_CHUNK: tl.constexpr = 1024,
+    AMAX_NCHUNK: tl.constexpr = 0,
+    PF_LINES: tl.constexpr = 0,
+    PDL_WAIT: tl.constexpr = False,
+    WS_I32: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -173,19 +184,48 @@ def _int8_gemm_kernel(
         b_ptrs = b_ptr + rk[:, None] * stride_bk + rbn[None, :] * stride_bn
         b_step = blk * stride_bk
 
+    if PF_LINES > 0:
+        # Decode: ask L2 for this program's whole weight slab (K-major B: BLOCK_N rows x its K range,
+        # one prefetch per 128-byte line) before anything that waits, so the slab streams from HBM
+        # while the program waits for its activations (PDL) or computes their absmax (QUANT_A).
+        k_end = tl.minimum(K, k_start + k_per_split) - 1
+        pf_k = tl.minimum(k_start + tl.arange(0, PF_LINES).to(tl.int64) * 128, k_end)
+        pf_ptrs = b_ptr + rbn[:, None] * stride_bn + pf_k[None, :]
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1]; // $0", "=r,l", [pf_ptrs], dtype=tl.int32, is_pure=False, pack=1
+        )
+    if PDL_WAIT:
+        # Launched as a programmatic dependent of the activation quantizer: everything above only
+        # reads the weight; A (and any global write) only after the quantizer's grid is done.
+        gdc_wait()
+
     if QUANT_A:
         # Fused dynamic per-token quantization (decode): A is the float activation. Every program
-        # reads its BLOCK_M rows over the full K once for the absmax (a few KB, L2-resident after
-        # the first program), then quantizes each A tile in registers with the quantizer's math.
-        a_rows = a_ptr + ram[:, None] * stride_am
-        amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = offs_k[None, :] + k0
-            if A_K_CONTIG:
-                xa = tl.load(a_rows + kk, mask=kk < K, other=0.0)
-            else:
-                xa = tl.load(a_rows + kk.to(tl.int64) * stride_ak, mask=kk < K, other=0.0)
-            amax = tl.maximum(amax, tl.max(tl.abs(xa.to(tl.float32)), axis=1))
+        # reads its rows over the full K for the absmax (a few KB, L2-resident after the first
+        # program), then quantizes each A tile in registers with the quantizer's math.
+        if AMAX_ONE_ROW:
+            # M == 1: one row, scanned in AMAX_NCHUNK unrolled chunks whose loads are independent,
+            # so they are all in flight at once (a runtime loop pays one L2 latency per chunk).
+            offs_c = tl.arange(0, AMAX_CHUNK)
+            amax1 = tl.full((), 0.0, tl.float32)
+            for c in tl.static_range(AMAX_NCHUNK):
+                kk = offs_c + c * AMAX_CHUNK
+                if A_K_CONTIG:
+                    xa = tl.load(a_ptr + kk, mask=kk < K, other=0.0)
+                else:
+                    xa = tl.load(a_ptr + kk.to(tl.int64) * stride_ak, mask=kk < K, other=0.0)
+                amax1 = tl.maximum(amax1, tl.max(tl.abs(xa.to(tl.float32)), axis=0))
+            amax = tl.zeros((BLOCK_M,), dtype=tl.float32) + amax1
+        else:
+            a_rows = a_ptr + ram[:, None] * stride_am
+            amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                kk = offs_k[None, :] + k0
+                if A_K_CONTIG:
+                    xa = tl.load(a_rows + kk, mask=kk < K, other=0.0)
+                else:
+                    xa = tl.load(a_rows + kk.to(tl.int64) * stride_ak, mask=kk < K, other=0.0)
+                amax = tl.maximum(amax, tl.max(tl.abs(xa.to(tl.float32)), axis=1))
         amax = tl.maximum(amax, MIN_AMAX)
         a_inv = 127.0 / amax
         sa_vals = amax / 127.0
@@ -214,10 +254,16 @@ def _int8_gemm_kernel(
             stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32, sa_vals, QUANT_A,
         )  # fmt: skip
     else:
-        # int32 partials, summed exactly before any scaling.
+        # int32 partials, summed exactly before any scaling. Scalar plane base + int32 tile offsets
+        # (WS_I32: split*M*N < 2**31) instead of a 2-D tensor of 64-bit pointers, which stayed live
+        # across the reduction and spilled (64x128 tiles: 255 registers + local memory on sm90).
         mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-        ws_tile = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
-        tl.store(ws_tile + pid_k.to(tl.int64) * M * N, acc, mask=mask)
+        if WS_I32:
+            ws_off = offs_m32[:, None] * N + offs_n32[None, :]
+        else:
+            ws_off = offs_m[:, None] * N + offs_n[None, :]
+        plane = (tl.full((), 0, tl.int64) + M) * N  # int64: M*N can pass 2**31
+        tl.store(ws_ptr + pid_k.to(tl.int64) * plane + ws_off, acc, mask=mask)
         if FUSED_REDUCE:
             # The last of the SPLIT_K programs of this tile to arrive sums the partials and runs
             # the epilogue: one launch instead of two (decode shapes are launch-bound).
@@ -226,13 +272,12 @@ def _int8_gemm_kernel(
             arrived = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
             if arrived == SPLIT_K - 1:
                 tl.debug_barrier()
-                plane = (tl.full((), 0, tl.int64) + M) * N  # int64: M*N can pass 2**31
-                part_ptrs = ws_tile
+                part_base = ws_ptr
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
                 for _ in range(0, SPLIT_K):  # own partial included: simpler than masking it out
                     # .cg: read through L2, where the other SMs' partials are.
-                    acc += tl.load(part_ptrs, mask=mask, other=0, cache_modifier=".cg")
-                    part_ptrs += plane
+                    acc += tl.load(part_base + ws_off, mask=mask, other=0, cache_modifier=".cg")
+                    part_base += plane
                 _epilogue(
                     acc, c_ptr, sa_ptr, sb_ptr, bias_ptr, offs_m, offs_n, M, N,
                     stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32, sa_vals, QUANT_A,
@@ -262,18 +307,22 @@ def _int8_gemm_tma_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    EPI_SPLIT: tl.constexpr = 1,
+    WARP_SPEC: tl.constexpr = False,
 ):
     """TMA variant (SM90+): operand tiles arrive by tensor-memory-accelerator copies (no per-thread
     address math, out-of-bounds rows/cols/K zero-filled by the hardware). A is (M, K) row-major,
     b_desc describes the (N, K) K-major weight. With NUM_PROGS < #tiles it is persistent: each
-    program walks tiles NUM_PROGS apart in grouped order."""
+    program walks tiles NUM_PROGS apart in grouped order. EPI_SPLIT=2 runs the dequant epilogue
+    on two (BLOCK_M, BLOCK_N/2) halves (fewer live fp32 registers at the store). WARP_SPEC asks
+    Triton to warp-specialize the tile loop (producer warps issue TMA, consumers run wgmma)."""
     start = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
     k_tiles = tl.cdiv(K, BLOCK_K)
     num_in_group = GROUP_M * num_pid_n
-    for tile in range(start, num_tiles, NUM_PROGS):
+    for tile in tl.range(start, num_tiles, NUM_PROGS, warp_specialize=WARP_SPEC):
         group_id = tile // num_in_group
         first_m = group_id * GROUP_M
         group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
@@ -287,11 +336,23 @@ def _int8_gemm_tma_kernel(
             b = b_desc.load([off_n, ki * BLOCK_K])
             acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
         offs_m = tl.arange(0, BLOCK_M).to(tl.int64) + off_m
-        offs_n = tl.arange(0, BLOCK_N).to(tl.int64) + off_n
-        _epilogue(
-            acc, c_ptr, sa_ptr, sb_ptr, bias_ptr, offs_m, offs_n, M, N,
-            stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32,
-        )  # fmt: skip
+        if EPI_SPLIT == 2:
+            acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+            offs_n0 = tl.arange(0, BLOCK_N // 2).to(tl.int64) + off_n
+            _epilogue(
+                acc0, c_ptr, sa_ptr, sb_ptr, bias_ptr, offs_m, offs_n0, M, N,
+                stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32,
+            )  # fmt: skip
+            _epilogue(
+                acc1, c_ptr, sa_ptr, sb_ptr, bias_ptr, offs_m, offs_n0 + BLOCK_N // 2, M, N,
+                stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32,
+            )  # fmt: skip
+        else:
+            offs_n = tl.arange(0, BLOCK_N).to(tl.int64) + off_n
+            _epilogue(
+                acc, c_ptr, sa_ptr, sb_ptr, bias_ptr, offs_m, offs_n, M, N,
+                stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -354,8 +415,8 @@ def m_bucket(M: int) -> tuple[int, int]:
 
 def _auto_split_k(M: int, N: int, K: int, cfg: dict[str, Any], num_sms: int) -> int:
     """Enough K splits that the grid covers the SMs ~2x, each split keeping >= 4 K-blocks."""
-    tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
-    k_blocks = triton.cdiv(K, cfg["BLOCK_K"])
+    tiles = _cdiv(M, cfg["BLOCK_M"]) * _cdiv(N, cfg["BLOCK_N"])
+    k_blocks = _cdiv(K, cfg["BLOCK_K"])
     split = 1
     while tiles * split < 2 * num_sms and k_blocks // (split * 2) >= 4 and split < 16:
         split *= 2
@@ -488,14 +549,15 @@ def _tile_counters(device: torch.device, n: int) -> torch.Tensor | None:
     """
     if device.type == "cuda":
         key = (device.index,)
-        stream = torch.cuda.current_stream(device).cuda_stream
-        slot = _SLOT_OF.setdefault(stream, len(_SLOT_OF) % _COUNTER_SLOTS)  # round-robin per new stream
-        capturing = torch.cuda.is_current_stream_capturing()
+        stream = torch._C._cuda_getCurrentRawStream(device.index)  # the cheap form of current_stream
+        slot = _SLOT_OF.get(stream)
+        if slot is None:
+            slot = _SLOT_OF.setdefault(stream, len(_SLOT_OF) % _COUNTER_SLOTS)  # round-robin per new stream
     else:
-        key, slot, capturing = ("cpu",), 0, False
+        key, slot = ("cpu",), 0
     buf = _COUNTERS.get(key)
     if buf is None or buf.shape[1] < n:
-        if capturing:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
         if buf is not None:
             _RETIRED.append(buf)
@@ -518,40 +580,130 @@ def _tma_ok(A: torch.Tensor, B: torch.Tensor) -> bool:
     )
 
 
-def _launch_tma(A, B, out, sa, sb, bias, cfg, sa_t, sb_t, bias_t) -> None:
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _Plan:
+    """Everything about one launch that depends only on the shape/stride/dtype key (see _plan_key):
+    the config, grid, split-K and the constexpr/launch keyword arguments. Built once per key, so a
+    repeated call (every decode step) does no config lookup or arithmetic, only the launch."""
+
+    __slots__ = ("kind", "grid", "kw", "split_k", "fused", "num_tiles", "tma", "reduce_grid", "cfg", "key")
+
+
+_PLANS: dict[tuple, _Plan] = {}
+_AMAX_CHUNK_MAX = 4096  # M == 1 fused quantization: absmax chunk (elements) per unrolled load
+_MAX_PLANS = 4096
+
+
+def _plan_key(A, B, sa, sb, bias, out_dtype, cfg, quant_a, pdl) -> tuple:
+    # _config_for itself is part of the key so that replacing it (tests, tools) takes effect.
+    return (
+        A.shape,
+        A.stride(),
+        B.shape[1],
+        B.stride(),
+        A.dtype,
+        out_dtype,
+        None if sa is None else sa.stride(0),
+        None if sb is None else sb.stride(0),
+        bias is None,
+        A.device,
+        quant_a,
+        pdl,
+        _config_for if cfg is None else tuple(cfg.items()),
+    )
+
+
+def _make_plan(A, B, sa, sb, bias, out_dtype, cfg, quant_a, pdl, allow_fused=True) -> _Plan:
     M, K = A.shape
     N = B.shape[1]
+    p = _Plan()
+    p.kind = "std"
+    if M == 0 or N == 0 or K == 0:
+        p.kind = "empty"
+        return p
+    on_gpu = A.device.type == "cuda"
+    b_kmajor = B.stride(0) == 1
+    if cfg is None:
+        cfg = _config_for(M, N, K, A.device, b_kmajor)
+    p.cfg = cfg
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    a_desc = _TensorDescriptor(A, [M, K], [A.stride(0), 1], [bm, bk])
-    b_desc = _TensorDescriptor(B.t(), [N, K], [B.stride(1), 1], [bn, bk])  # the (N, K) weight
-    num_tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    progs = num_tiles
-    if cfg.get("PERSISTENT", 0) and A.device.type == "cuda":
-        progs = min(num_tiles, _num_sms(A.device.index or 0) * int(cfg.get("PERSISTENT", 1)))
-    _int8_gemm_tma_kernel[(progs,)](
-        a_desc,
-        b_desc,
-        out,
-        sa_t,
-        sb_t,
-        bias_t,
-        M,
-        N,
-        K,
-        out.stride(0),
-        out.stride(1),
-        sa.stride(0) if sa is not None else 0,
-        sb.stride(0) if sb is not None else 0,
-        progs,
+    split_k = int(cfg.get("SPLIT_K", 1))
+    if split_k <= 0:
+        split_k = _auto_split_k(M, N, K, cfg, _num_sms(A.device.index or 0) if on_gpu else 4)
+    split_k = max(1, min(split_k, _cdiv(K, bk)))  # never below one K block per split
+    out_int32 = out_dtype == torch.int32
+    common = dict(
         HAS_BIAS=bias is not None,
-        OUT_INT32=out.dtype == torch.int32,
+        OUT_INT32=out_int32,
         BLOCK_M=bm,
         BLOCK_N=bn,
         BLOCK_K=bk,
         GROUP_M=cfg.get("GROUP_M", 8),
-        num_warps=cfg.get("num_warps", 8),
+    )
+    p.num_tiles = _cdiv(M, bm) * _cdiv(N, bn)
+    if cfg.get("TMA", 0) and split_k == 1 and not quant_a and not pdl and _TensorDescriptor is not None:
+        p.kind = "tma"
+        progs = p.num_tiles
+        if cfg.get("PERSISTENT", 0) and on_gpu:
+            progs = min(p.num_tiles, _num_sms(A.device.index or 0) * int(cfg.get("PERSISTENT", 1)))
+        p.grid = (progs,)
+        p.tma = (bm, bn, bk, progs)
+        p.kw = dict(common, num_warps=cfg.get("num_warps", 8), num_stages=cfg.get("num_stages", 3))
+        if cfg.get("EPI_SPLIT", 1) != 1:
+            p.kw["EPI_SPLIT"] = int(cfg["EPI_SPLIT"])
+        if cfg.get("WARP_SPEC", 0):
+            p.kw["WARP_SPEC"] = True
+        p.split_k, p.fused = 1, False
+        return p
+    fused = split_k > 1 and cfg.get("FUSED_REDUCE", True) and allow_fused
+    if quant_a and split_k > 1 and not fused:
+        split_k = 1  # the two-kernel reduction needs sa in memory; the fused one has it in registers
+    p.split_k, p.fused = split_k, fused
+    p.grid = (p.num_tiles, split_k)
+    kw = dict(
+        common,
+        A_K_CONTIG=A.stride(1) == 1,
+        B_K_CONTIG=b_kmajor,
+        B_N_CONTIG=B.stride(1) == 1,
+        EVEN_K=K % (bk * split_k) == 0,
+        EVEN_M=M % bm == 0,
+        EVEN_N=N % bn == 0,
+        SPLIT_K=split_k,
+        FUSED_REDUCE=fused,
+        QUANT_A=quant_a,
+        MIN_AMAX=MIN_ABSMAX,
+        num_warps=cfg.get("num_warps", 4),
         num_stages=cfg.get("num_stages", 3),
     )
+    if quant_a and M == 1:
+        chunk = min(_AMAX_CHUNK_MAX, triton.next_power_of_2(K))
+        kw.update(AMAX_ONE_ROW=True, AMAX_CHUNK=chunk, AMAX_NCHUNK=_cdiv(K, chunk))
+    # Decode-only options, GPU only (inline PTX / PDL have no interpreter form).
+    if cfg.get("PREFETCH", 0) and b_kmajor and on_gpu:
+        k_per_split = _cdiv(_cdiv(K, bk), split_k) * bk
+        kw["PF_LINES"] = triton.next_power_of_2(_cdiv(k_per_split, 128))
+    if pdl and on_gpu:
+        kw.update(PDL_WAIT=True, launch_pdl=True)
+    if split_k > 1 and split_k * M * N < 2**31:
+        kw["WS_I32"] = True
+    p.kw = kw
+    p.reduce_grid = (_cdiv(M, 32), _cdiv(N, 128)) if split_k > 1 and not fused else None
+    return p
+
+
+def _get_plan(A, B, sa, sb, bias, out_dtype, cfg, quant_a, pdl) -> _Plan:
+    key = _plan_key(A, B, sa, sb, bias, out_dtype, cfg, quant_a, pdl)
+    p = _PLANS.get(key)
+    if p is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        p = _make_plan(A, B, sa, sb, bias, out_dtype, cfg, quant_a, pdl)
+        p.key = key
+        _PLANS[key] = p
+    return p
 
 
 def _launch(
@@ -563,100 +715,58 @@ def _launch(
     out_dtype: torch.dtype,
     cfg: dict[str, Any] | None = None,
     quant_a: bool = False,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Launch the GEMM. quant_a: A is the float activation, quantized per row inside the kernel
-    (sa must be None; the kernel derives it)."""
+    (sa must be None; the kernel derives it). pdl: launch as a programmatic dependent of the
+    previous kernel (the activation quantizer): only the weight may be read before its grid is done,
+    so it is only for operands the previous kernel does not write."""
     M, K = A.shape
     N = B.shape[1]
+    p = _get_plan(A, B, sa, sb, bias, out_dtype, cfg, quant_a, pdl)
     out = torch.empty((M, N), dtype=out_dtype, device=A.device)
-    if M == 0 or N == 0:
-        return out
-    if K == 0:
+    if p.kind == "empty":
+        if M == 0 or N == 0:
+            return out
         return out.zero_() if bias is None else out.copy_(bias.to(out_dtype).expand(M, N))
-    b_kmajor = B.stride(0) == 1
-    if cfg is None:
-        cfg = _config_for(M, N, K, A.device, b_kmajor)
-    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    split_k = int(cfg.get("SPLIT_K", 1))
-    if split_k <= 0:
-        split_k = _auto_split_k(M, N, K, cfg, _num_sms(A.device.index or 0) if A.device.type == "cuda" else 4)
-    # Do not split below one K block per split.
-    split_k = max(1, min(split_k, triton.cdiv(K, bk)))
-    out_int32 = out_dtype == torch.int32
     dummy = out  # never dereferenced when the matching constexpr flag is off
-    sa_t = sa if sa is not None else dummy
-    sb_t = sb if sb is not None else dummy
-    bias_t = bias if bias is not None else dummy
-    if cfg.get("TMA", 0) and split_k == 1 and not quant_a and _tma_ok(A, B):
-        _launch_tma(A, B, out, sa, sb, bias, cfg, sa_t, sb_t, bias_t)
-        return out
-    num_tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    counters = _tile_counters(A.device, num_tiles) if split_k > 1 and cfg.get("FUSED_REDUCE", True) else None
-    fused = counters is not None
-    if quant_a and split_k > 1 and not fused:
-        split_k = 1  # the two-kernel reduction needs sa in memory; the fused one has it in registers
-    ws = torch.empty((split_k, M, N), dtype=torch.int32, device=A.device) if split_k > 1 else dummy
-    grid = (num_tiles, split_k)
-    _int8_gemm_kernel[grid](
-        A,
-        B,
-        out,
-        ws,
-        counters if fused else dummy,
-        sa_t,
-        sb_t,
-        bias_t,
-        M,
-        N,
-        K,
-        A.stride(0),
-        A.stride(1),
-        B.stride(0),
-        B.stride(1),
-        out.stride(0),
-        out.stride(1),
-        sa.stride(0) if sa is not None else 0,
-        sb.stride(0) if sb is not None else 0,
-        HAS_BIAS=bias is not None,
-        OUT_INT32=out_int32,
-        A_K_CONTIG=A.stride(1) == 1,
-        B_K_CONTIG=B.stride(0) == 1,
-        B_N_CONTIG=B.stride(1) == 1,
-        EVEN_K=K % (bk * split_k) == 0,
-        EVEN_M=M % bm == 0,
-        EVEN_N=N % bn == 0,
-        BLOCK_M=bm,
-        BLOCK_N=bn,
-        BLOCK_K=bk,
-        GROUP_M=cfg.get("GROUP_M", 8),
-        SPLIT_K=split_k,
-        FUSED_REDUCE=fused,
-        QUANT_A=quant_a,
-        MIN_AMAX=MIN_ABSMAX,
-        num_warps=cfg.get("num_warps", 4),
-        num_stages=cfg.get("num_stages", 3),
-    )
-    if split_k > 1 and not fused:
-        rbm, rbn = 32, 128
-        _splitk_reduce_kernel[(triton.cdiv(M, rbm), triton.cdiv(N, rbn))](
-            ws,
-            out,
-            sa_t,
-            sb_t,
-            bias_t,
-            M,
-            N,
-            out.stride(0),
-            out.stride(1),
-            sa.stride(0) if sa is not None else 0,
-            sb.stride(0) if sb is not None else 0,
-            SPLIT_K=split_k,
-            HAS_BIAS=bias is not None,
-            OUT_INT32=out_int32,
-            BLOCK_M=rbm,
-            BLOCK_N=rbn,
-            num_warps=4,
-        )
+    sa_t = dummy if sa is None else sa
+    sb_t = dummy if sb is None else sb
+    bias_t = dummy if bias is None else bias
+    if p.kind == "tma":
+        if _tma_ok(A, B):
+            bm, bn, bk, progs = p.tma
+            _int8_gemm_tma_kernel[p.grid](
+                _TensorDescriptor(A, [M, K], [A.stride(0), 1], [bm, bk]),
+                _TensorDescriptor(B.t(), [N, K], [B.stride(1), 1], [bn, bk]),  # the (N, K) weight
+                out, sa_t, sb_t, bias_t, M, N, K, out.stride(0), out.stride(1),
+                0 if sa is None else sa.stride(0), 0 if sb is None else sb.stride(0), progs,
+                **p.kw,
+            )  # fmt: skip
+            return out
+        # misaligned operands of a TMA-configured shape: the pointer kernel, same tiles
+        cfg_nt = {k: v for k, v in p.cfg.items() if k not in ("TMA", "PERSISTENT", "EPI_SPLIT", "WARP_SPEC")}
+        p = _get_plan(A, B, sa, sb, bias, out_dtype, cfg_nt, quant_a, pdl)
+    counters = dummy
+    if p.fused:
+        counters = _tile_counters(A.device, p.num_tiles)
+        if counters is None:  # capture would have to allocate: two-kernel reduction, uncached
+            p = _make_plan(A, B, sa, sb, bias, out_dtype, p.cfg, quant_a, pdl, allow_fused=False)
+            counters = dummy
+    ws = torch.empty((p.split_k, M, N), dtype=torch.int32, device=A.device) if p.split_k > 1 else dummy
+    _int8_gemm_kernel[p.grid](
+        A, B, out, ws, counters, sa_t, sb_t, bias_t, M, N, K,
+        A.stride(0), A.stride(1), B.stride(0), B.stride(1), out.stride(0), out.stride(1),
+        0 if sa is None else sa.stride(0), 0 if sb is None else sb.stride(0),
+        **p.kw,
+    )  # fmt: skip
+    if p.reduce_grid is not None:
+        _splitk_reduce_kernel[p.reduce_grid](
+            ws, out, sa_t, sb_t, bias_t, M, N, out.stride(0), out.stride(1),
+            0 if sa is None else sa.stride(0), 0 if sb is None else sb.stride(0),
+            SPLIT_K=p.split_k, HAS_BIAS=bias is not None, OUT_INT32=out_dtype == torch.int32,
+            BLOCK_M=32, BLOCK_N=128, num_warps=4,
+        )  # fmt: skip
     return out
 
 
@@ -699,6 +809,8 @@ def _(A, B, sa, sb, bias, out_dtype):
 
 def _norm_scale(name: str, s: Any, n: int, device: torch.device) -> torch.Tensor:
     """Scales as a 1-D fp32 vector of length n (a stride-0 view for scalars, no copy)."""
+    if type(s) is torch.Tensor and s.dtype == torch.float32 and s.dim() == 1 and s.shape[0] == n and s.device == device:
+        return s  # the common case, checked cheaply (decode calls this every token)
     if isinstance(s, (int, float)):
         return torch.full((1,), float(s), dtype=torch.float32, device=device).expand(n)
     check_tensor(name, s, dtypes=(torch.float32, torch.float16, torch.bfloat16))
@@ -717,6 +829,10 @@ def _norm_scale(name: str, s: Any, n: int, device: torch.device) -> torch.Tensor
     return v.float() if v.dtype != torch.float32 else v
 
 
+def _is_i8_matrix(t: Any) -> bool:
+    return type(t) is torch.Tensor and t.dtype == torch.int8 and t.dim() == 2
+
+
 def int8_gemm_dequant_fwd(
     A_q: torch.Tensor,
     B_q: torch.Tensor,
@@ -731,15 +847,18 @@ def int8_gemm_dequant_fwd(
     sa: (M,), (M, 1) or scalar; sb: (N,), (1, N), (N, 1) or scalar; bias: (N,).
     out_dtype: float16 / bfloat16 / float32, or int32 for the raw product (scales and bias None).
     """
-    check_tensor("A_q", A_q, dtypes=(torch.int8,), rank=2)
-    check_tensor("B_q", B_q, dtypes=(torch.int8,), rank=2)
+    if not (_is_i8_matrix(A_q) and _is_i8_matrix(B_q)):  # the full checks only to word the error
+        check_tensor("A_q", A_q, dtypes=(torch.int8,), rank=2)
+        check_tensor("B_q", B_q, dtypes=(torch.int8,), rank=2)
     if out_dtype not in _OUT_DTYPES:
         raise TypeError(f"out_dtype must be one of {_OUT_DTYPES}, got {out_dtype}")
     M, K = A_q.shape
     if B_q.shape[0] != K:
         raise ValueError(f"B_q must have shape (K={K}, N) to match A_q {tuple(A_q.shape)}, got {tuple(B_q.shape)}")
     N = B_q.shape[1]
-    device = check_same_device(A_q=A_q, B_q=B_q, bias=bias)
+    device = A_q.device
+    if B_q.device != device or (bias is not None and bias.device != device):
+        check_same_device(A_q=A_q, B_q=B_q, bias=bias)
     if out_dtype == torch.int32:
         if sa is not None or sb is not None or bias is not None:
             raise ValueError("out_dtype=torch.int32 returns the raw product: sa, sb and bias must be None")
@@ -755,6 +874,7 @@ def int8_gemm_dequant_fwd(
             raise ValueError(f"bias must have shape ({N},), got {tuple(bias.shape)}")
         if bias.stride(0) != 1:
             bias = bias.contiguous()
-    select_backend(device)  # raises for unsupported devices
-    op = _gemm_dequant_op if use_registered_op(A_q) else _gemm_dequant_impl
-    return op(A_q, B_q, sa_v, sb_v, bias, out_dtype)
+    if use_registered_op(A_q):
+        select_backend(device)  # raises for unsupported devices
+        return _gemm_dequant_op(A_q, B_q, sa_v, sb_v, bias, out_dtype)
+    return _gemm_dequant_impl(A_q, B_q, sa_v, sb_v, bias, out_dtype)

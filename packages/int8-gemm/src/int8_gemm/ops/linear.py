@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from .._common import Backend, check_same_device, check_tensor, select_backend, use_registered_op
-from .gemm import _gemm_dequant_impl, _launch, _norm_scale
-from .quantize import _quantize_rows_impl
+from .gemm import _arch, _gemm_dequant_impl, _launch, _norm_scale
+from .quantize import _launch_quantize_rows, _quantize_rows_impl
 
 _ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -21,22 +21,42 @@ _ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # launch instead of two, but every GEMM program then re-reads its rows for the absmax before
 # its main loop. Off by default: on the H200 (2026-11-29, CUDA-graph timed) the two-kernel path
 # was faster at every decode shape measured (M=1: 10.6 vs 13.9 us at 4096x4096, 22.1 vs 42.8 us
-# at N=4096 K=14336; M=16 likewise), so the single launch does not pay for the serial absmax.
+# at N=4096 K=14336; M=16 likewise), so the single launch did not pay for the serial absmax.
+# Since then the M=1 absmax is one unrolled burst of loads and the weight slab can be prefetched
+# into L2 first ("PREFETCH" in the config): scripts/probe_int8.py re-measures the switch point.
 FUSED_QUANT_MAX_BYTES = 0
+
+# Two-kernel path for M <= PDL_MAX_M on SM90+: the GEMM is launched as a programmatic dependent
+# launch of the quantizer, so its launch, its setup and (with "PREFETCH") the L2 prefetch of its
+# weight slab overlap the quantizer; it waits (griddepcontrol.wait) before touching x_q or
+# writing anything. 0 = off until the H200 probe confirms the gain.
+PDL_MAX_M = 0
 
 
 def _use_fused_quant(x2: torch.Tensor) -> bool:
     return x2.shape[0] * x2.shape[1] * x2.element_size() <= FUSED_QUANT_MAX_BYTES
 
 
+def _use_pdl(x2: torch.Tensor) -> bool:
+    if x2.shape[0] > PDL_MAX_M or x2.device.type != "cuda":
+        return False
+    arch = _arch(x2.device)
+    return arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= 90
+
+
 def _int8_linear_impl(
     x2: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
 ) -> torch.Tensor:
     # w_q is (N, K) contiguous: w_q.t() is the K-major B the GEMM is fastest with.
-    if _use_fused_quant(x2) and select_backend(x2.device) is not Backend.TORCH:
+    backend = select_backend(x2.device)
+    if backend is Backend.TORCH:
+        x_q, sa = _quantize_rows_impl(x2)
+        return _gemm_dequant_impl(x_q, w_q.t(), sa, w_scale, bias, out_dtype)
+    if _use_fused_quant(x2):
         return _launch(x2, w_q.t(), None, w_scale, bias, out_dtype, quant_a=True)
-    x_q, sa = _quantize_rows_impl(x2)
-    return _gemm_dequant_impl(x_q, w_q.t(), sa, w_scale, bias, out_dtype)
+    pdl = _use_pdl(x2)
+    x_q, sa = _launch_quantize_rows(x2, pdl=pdl)
+    return _launch(x_q, w_q.t(), sa, w_scale, bias, out_dtype, pdl=pdl)
 
 
 _int8_linear_op = torch.library.custom_op("int8_gemm::int8_linear", _int8_linear_impl, mutates_args=())
@@ -60,24 +80,33 @@ def int8_linear(
     w_scale: (N,) or (N, 1) fp32 per-output-channel scales; bias: (N,) or None.
     Returns (..., N) in ``out_dtype`` (default: x.dtype).
     """
-    check_tensor("x", x, dtypes=_ACT_DTYPES, min_rank=1)
-    check_tensor("w_q", w_q, dtypes=(torch.int8,), rank=2)
+    # Cheap checks first (this runs every decode step); the full ones only to word an error.
+    if not (type(x) is torch.Tensor and x.dtype in _ACT_DTYPES and x.dim() >= 1):
+        check_tensor("x", x, dtypes=_ACT_DTYPES, min_rank=1)
+    if not (type(w_q) is torch.Tensor and w_q.dtype == torch.int8 and w_q.dim() == 2):
+        check_tensor("w_q", w_q, dtypes=(torch.int8,), rank=2)
     N, K = w_q.shape
     if x.shape[-1] != K:
         raise ValueError(f"x must have last dim K={K} to match w_q {tuple(w_q.shape)}, got {tuple(x.shape)}")
-    device = check_same_device(x=x, w_q=w_q, w_scale=w_scale, bias=bias)
+    device = x.device
+    if w_q.device != device or (bias is not None and bias.device != device):
+        check_same_device(x=x, w_q=w_q, w_scale=w_scale, bias=bias)
     out_dtype = x.dtype if out_dtype is None else out_dtype
-    if out_dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    if out_dtype not in _ACT_DTYPES:
         raise TypeError(f"out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
     sb = _norm_scale("w_scale", w_scale, N, device)
     if bias is not None:
-        check_tensor("bias", bias, dtypes=_ACT_DTYPES, rank=1)
+        if not (type(bias) is torch.Tensor and bias.dtype in _ACT_DTYPES and bias.dim() == 1):
+            check_tensor("bias", bias, dtypes=_ACT_DTYPES, rank=1)
         if bias.shape[0] != N:
             raise ValueError(f"bias must have shape ({N},), got {tuple(bias.shape)}")
-        bias = bias.contiguous()
+        if bias.stride(0) != 1:
+            bias = bias.contiguous()
     if w_q.stride(1) != 1:
         w_q = w_q.contiguous()
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, K)
-    y = (_int8_linear_op if use_registered_op(x2) else _int8_linear_impl)(x2, w_q, sb, bias, out_dtype)
-    return y.view(*lead, N)
+    x2 = x if x.dim() == 2 else x.reshape(-1, K)
+    if use_registered_op(x2):
+        y = _int8_linear_op(x2, w_q, sb, bias, out_dtype)
+    else:
+        y = _int8_linear_impl(x2, w_q, sb, bias, out_dtype)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], N)

@@ -19,6 +19,11 @@ import triton.language as tl
 
 from .._common import Backend, check_tensor, select_backend, use_registered_op
 
+try:  # programmatic dependent launch (SM90+)
+    from triton.language.extra.cuda import gdc_launch_dependents
+except ImportError:  # pragma: no cover
+    gdc_launch_dependents = None
+
 MIN_ABSMAX = 1e-30
 _MAX_ONE_PASS = 16384  # longest row held in registers in one go (GPU)
 _MAX_ONE_PASS_INTERP = 4096
@@ -50,7 +55,12 @@ def _quantize_rows_kernel(
     BLOCK_K: tl.constexpr,
     ONE_PASS: tl.constexpr,
     X_K_CONTIG: tl.constexpr,
+    PDL_TRIGGER: tl.constexpr = False,
 ):
+    if PDL_TRIGGER:
+        # Let the GEMM that follows (launched as a programmatic dependent) start now: it
+        # prefetches its weight into L2 and then waits for this grid to finish (griddepcontrol.wait).
+        gdc_launch_dependents()
     pid = tl.program_id(0).to(tl.int64)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < R
@@ -103,13 +113,10 @@ def _quantize_rows_torch(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, amax / 127.0
 
 
-def _launch_quantize_rows(x2: torch.Tensor, max_one_pass: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    R, K = x2.shape
-    q = torch.empty((R, K), dtype=torch.int8, device=x2.device)
-    s = torch.empty((R,), dtype=torch.float32, device=x2.device)
-    if R == 0:
-        return q, s
-    interp = x2.device.type != "cuda"
+_QPLANS: dict[tuple, tuple] = {}
+
+
+def _quantize_plan(R: int, K: int, x_k_contig: bool, interp: bool, max_one_pass: int | None, pdl: bool) -> tuple:
     cap = max_one_pass or (_MAX_ONE_PASS_INTERP if interp else _MAX_ONE_PASS)
     one_pass = K <= cap
     block_k = triton.next_power_of_2(K) if one_pass else min(cap, 4096)
@@ -120,23 +127,37 @@ def _launch_quantize_rows(x2: torch.Tensor, max_one_pass: int | None = None) -> 
         num_warps = 4
     else:
         num_warps = 4 if block_r * block_k <= 2048 else (8 if block_r * block_k <= 8192 else 16)
-    grid = (triton.cdiv(R, block_r),)
-    _quantize_rows_kernel[grid](
-        x2,
-        q,
-        s,
-        R,
-        K,
-        x2.stride(0),
-        x2.stride(1),
-        q.stride(0),
+    kw = dict(
         MIN_AMAX=MIN_ABSMAX,
         BLOCK_R=block_r,
         BLOCK_K=block_k,
         ONE_PASS=one_pass,
-        X_K_CONTIG=x2.stride(1) == 1,
+        X_K_CONTIG=x_k_contig,
         num_warps=num_warps,
     )
+    if pdl and not interp:
+        kw["PDL_TRIGGER"] = True
+    return ((-(-R // block_r),), kw)
+
+
+def _launch_quantize_rows(
+    x2: torch.Tensor, max_one_pass: int | None = None, pdl: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """pdl: the next kernel is launched as a programmatic dependent (see int8_linear)."""
+    R, K = x2.shape
+    q = torch.empty((R, K), dtype=torch.int8, device=x2.device)
+    s = torch.empty((R,), dtype=torch.float32, device=x2.device)
+    if R == 0:
+        return q, s
+    interp = x2.device.type != "cuda"
+    key = (R, K, x2.stride(1) == 1, interp, max_one_pass, pdl)
+    plan = _QPLANS.get(key)
+    if plan is None:
+        if len(_QPLANS) > 4096:
+            _QPLANS.clear()
+        plan = _QPLANS[key] = _quantize_plan(R, K, x2.stride(1) == 1, interp, max_one_pass, pdl)
+    grid, kw = plan
+    _quantize_rows_kernel[grid](x2, q, s, R, K, x2.stride(0), x2.stride(1), q.stride(0), **kw)
     return q, s
 
 

@@ -1,0 +1,516 @@
+"""H200 probe for the int8 GEMM work: correctness, then timings vs anchors in one process.
+
+    python scripts/probe_int8.py OUTDIR [--budget 140] [--quick] [--workers N]
+
+Phases (budget-guarded; results are written whatever is left undone):
+1. compile: every candidate is launched once in parallel worker processes (Triton JIT into the
+   shared on-disk cache), so the timing process mostly loads compiled kernels.
+2. host overhead at 2048^3: public API vs direct launch (G._launch with the table config) under
+   plain do_bench, the kernel under CUDA-graph replay (pure GPU time), and host microseconds per
+   call (enqueue rate, no sync) of int8_gemm_dequant_fwd and Int8Linear.forward.
+3. per shape group, in priority order (M=128 and M>=1024 LLM shapes, decode M in {1,16},
+   square 2048/4096/8192): correctness of each candidate (bf16 output vs float64 of the exact
+   int products; NaN or rel err > 2e-2 = FAIL, not timed), then timing next to the anchors
+   (bf16 F.linear / torch.matmul, torch._int_mm raw for M > 16). CUDA-graph replay with weight
+   copies rotated (no L2 reuse) for M <= 128, do_bench median otherwise.
+Writes OUTDIR/probe_int8.json (every number), OUTDIR/tuning_fragment_sm90.json (winners in
+tuning.json entry form) and prints the ratio table last.
+
+Without a GPU: --dry-run on CPU under TRITON_INTERPRET=1 with tiny shapes (logic check only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+DRY = "--dry-run" in sys.argv
+if DRY:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "packages" / "int8-gemm" / "src"))
+
+import int8_gemm  # noqa: E402
+from int8_gemm.ops import gemm as G  # noqa: E402
+from int8_gemm.ops import quantize as Q  # noqa: E402
+
+L2_BYTES = 60 * 2**20
+OUT_DTYPE = torch.bfloat16  # one output dtype for every candidate: one compile each
+
+
+def c(bm, bn, bk, g, sk, w, s, **kw):
+    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=g, SPLIT_K=sk, num_warps=w, num_stages=s, **kw)
+
+
+# Large tiles: TMA kernel (compiled once, shared by every large shape).
+TMA_CANDS = {
+    "T1 128x256 s4 P1": c(128, 256, 128, 8, 1, 8, 4, TMA=1, PERSISTENT=1),
+    "T2 128x256 s4 P1 epi2": c(128, 256, 128, 8, 1, 8, 4, TMA=1, PERSISTENT=1, EPI_SPLIT=2),
+    "T3 128x256 s4 P1 ws": c(128, 256, 128, 8, 1, 8, 4, TMA=1, PERSISTENT=1, WARP_SPEC=1),
+    "T4 128x256 s3 P1 epi2": c(128, 256, 128, 8, 1, 8, 3, TMA=1, PERSISTENT=1, EPI_SPLIT=2),
+    "T5 256x128 s3 epi2": c(256, 128, 128, 8, 1, 8, 3, TMA=1, EPI_SPLIT=2),
+    "T6 128x128 w8 s4 P2": c(128, 128, 128, 8, 1, 8, 4, TMA=1, PERSISTENT=2),
+    "T7 128x128 w4 s3": c(128, 128, 128, 8, 1, 4, 3, TMA=1),
+    "T8 128x256x64 s6 P1 epi2": c(128, 256, 64, 8, 1, 8, 6, TMA=1, PERSISTENT=1, EPI_SPLIT=2),
+}
+# (128x256 split-K 2 spills 1.7 KB/thread on sm90 offline: not a candidate.)
+SPLIT_2048 = {"S2 128x128 w8 s4 sk2": c(128, 128, 128, 8, 2, 8, 4), "S3 64x128 w4 s5 sk2": c(64, 128, 128, 8, 2, 4, 5)}
+M128_CANDS = {
+    "C1 64x128 sk2 w4 s5": c(64, 128, 128, 8, 2, 4, 5),
+    "C2 128x128 TMA w8 s4": c(128, 128, 128, 8, 1, 8, 4, TMA=1),
+    "C3 64x64x256 w4 s4": c(64, 64, 256, 1, 1, 4, 4),
+    "C4 64x128 sk1 w4 s5": c(64, 128, 128, 8, 1, 4, 5),
+    "C5 64x256 TMA w4 s4": c(64, 256, 128, 8, 1, 4, 4, TMA=1),
+    "C6 128x64 w4 s5": c(128, 64, 128, 8, 1, 4, 5),
+    "C7 64x128x256 w4 s3": c(64, 128, 256, 8, 1, 4, 3),
+    "C8 128x128 sk2 w8 s4": c(128, 128, 128, 8, 2, 8, 4),
+    "C9 64x64 sk2 w4 s6 pf": c(64, 64, 128, 1, 2, 4, 6, PREFETCH=1),
+}
+DECODE_CANDS = {
+    "D1 16x64x256 auto pf": c(16, 64, 256, 1, 0, 4, 4, PREFETCH=1),
+    "D2 16x128x256 auto pf": c(16, 128, 256, 1, 0, 4, 4, PREFETCH=1),
+    "D3 16x64x512 auto s3 pf": c(16, 64, 512, 1, 0, 4, 3, PREFETCH=1),
+    "D4 16x32x512 auto pf": c(16, 32, 512, 1, 0, 4, 4, PREFETCH=1),
+    "D5 16x64x128 auto s8": c(16, 64, 128, 1, 0, 4, 8),
+    "D6 16x128x128 auto w8 s5 pf": c(16, 128, 128, 1, 0, 8, 5, PREFETCH=1),
+}
+LLM_NK = ((4096, 4096), (14336, 4096), (4096, 14336))
+TUNE_BUCKETS = ((1, 8), (9, 16), (17, 64), (65, 256), (257, 1024), (1025, 1 << 62))
+
+
+def candidate_sets(quick: bool = False, dry: bool = False):
+    """(group, (M, N, K), cfg, mode) for every candidate; cfg None = the shipped table's config.
+    mode: gemm (pre-quantized x), two (quantize kernel + GEMM), pdl (quantize + PDL GEMM),
+    fused (quantization inside the GEMM), module (Int8Linear.forward, shipped defaults)."""
+    if dry:
+        t = c(32, 32, 32, 2, 1, 4, 1)
+        return [
+            ("m128", (40, 48, 64), None, "gemm"),
+            ("m128", (40, 48, 64), dict(t, SPLIT_K=2), "gemm"),
+            ("m128", (40, 48, 64), dict(t, TMA=1, EPI_SPLIT=2), "gemm"),
+            ("m128", (40, 48, 64), None, "module"),
+            ("decode", (1, 48, 64), None, "gemm"),
+            ("decode", (1, 48, 64), c(16, 32, 32, 1, 0, 4, 1, PREFETCH=1), "gemm"),
+            ("decode", (1, 48, 64), c(16, 32, 32, 1, 0, 4, 1, PREFETCH=1), "fused"),
+            ("decode", (1, 48, 64), c(16, 32, 32, 1, 0, 4, 1, PREFETCH=1), "pdl"),
+            ("decode", (1, 48, 64), None, "module"),
+            ("square", (64, 64, 64), None, "gemm"),
+            ("square", (64, 64, 64), dict(t, TMA=1, PERSISTENT=1), "gemm"),
+        ]
+    out = []
+    for n, k in LLM_NK:  # priority 2: M=128 (below 1.0x end to end at 4096^2)
+        out += [("m128", (128, n, k), None, "gemm"), ("m128", (128, n, k), None, "module")]
+        out += [("m128", (128, n, k), cfg, "gemm") for cfg in M128_CANDS.values()]
+    for m in (1024, 4096):  # M >= 1024: host overhead was the problem; check kernels + e2e
+        for n, k in LLM_NK if not quick else LLM_NK[:2]:
+            out += [("large", (m, n, k), None, "gemm"), ("large", (m, n, k), None, "module")]
+            out += [("large", (m, n, k), TMA_CANDS[x], "gemm") for x in ("T1 128x256 s4 P1", "T2 128x256 s4 P1 epi2")]
+            out += [("large", (m, n, k), TMA_CANDS[x], "gemm") for x in ("T3 128x256 s4 P1 ws", "T5 256x128 s3 epi2")]
+    for m in (1, 16):  # priority 3: decode
+        for n, k in LLM_NK:
+            shape = (m, n, k)
+            out += [("decode", shape, None, "gemm"), ("decode", shape, None, "module")]
+            out += [("decode", shape, cfg, "gemm") for cfg in DECODE_CANDS.values()]
+            table_pf = dict(G._table().lookup("sm90", M=m, N=n, K=k, b_kmajor=True), PREFETCH=1)
+            out += [("decode", shape, table_pf, "gemm"), ("decode", shape, table_pf, "two")]
+            out += [("decode", shape, table_pf, "pdl"), ("decode", shape, table_pf, "fused")]
+            out += [("decode", shape, DECODE_CANDS["D1 16x64x256 auto pf"], mode) for mode in ("pdl", "fused")]
+    for s in (2048, 4096, 8192):  # priority 4: square
+        out.append(("square", (s, s, s), None, "gemm"))
+        out += [("square", (s, s, s), cfg, "gemm") for cfg in TMA_CANDS.values()]
+        if s == 2048:
+            out += [("square", (s, s, s), cfg, "gemm") for cfg in SPLIT_2048.values()]
+    return out
+
+
+def cfg_name(cfg) -> str:
+    if cfg is None:
+        return "table"
+    for d in (TMA_CANDS, SPLIT_2048, M128_CANDS, DECODE_CANDS):
+        for k, v in d.items():
+            if v == cfg:
+                return k
+    s = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} sk{SPLIT_K} w{num_warps} s{num_stages}".format(**cfg)
+    extra = [k for k in ("TMA", "PERSISTENT", "EPI_SPLIT", "WARP_SPEC", "PREFETCH") if cfg.get(k)]
+    return s + ("".join(f" {k}{cfg[k]}" for k in extra))
+
+
+def n_copies(M, N, K, gpu):
+    if not gpu or M > 128:
+        return 1
+    return max(2, min(8, -(-2 * L2_BYTES // (N * K))))
+
+
+class Shape:
+    """Inputs of one (M, N, K), shared by all candidates: K-major int8 weight copies, scales, x."""
+
+    def __init__(self, M, N, K, dev, gpu):
+        g = torch.Generator(device=dev).manual_seed(M * 7 + N * 3 + K)
+        self.M, self.N, self.K = M, N, K
+        nc = n_copies(M, N, K, gpu)
+        self.w = [torch.randint(-127, 128, (N, K), dtype=torch.int8, device=dev, generator=g) for _ in range(nc)]
+        self.a = torch.randint(-127, 128, (M, K), dtype=torch.int8, device=dev, generator=g)
+        self.sa = torch.rand(M, device=dev, generator=g) * 1e-3 + 1e-4
+        self.sb = [torch.rand(N, device=dev, generator=g) * 1e-3 + 1e-4 for _ in range(nc)]
+        self.x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
+        self.mods = []
+        for w, sb in zip(self.w, self.sb):
+            m = int8_gemm.Int8Linear(K, N, bias=False, device=dev)
+            m.weight.copy_(w)
+            m.weight_scale.copy_(sb)
+            self.mods.append(m)
+        self._ref = {}
+
+    def fns(self, cfg, mode):
+        a, x = self.a, self.x
+        fs = []
+        for w, sb, mod in zip(self.w, self.sb, self.mods):
+            wt = w.t()
+            if mode == "gemm" and cfg is None:
+                fs.append(lambda wt=wt, sb=sb: int8_gemm.int8_gemm_dequant_fwd(a, wt, self.sa, sb, out_dtype=OUT_DTYPE))
+            elif mode == "gemm":
+                fs.append(lambda wt=wt, sb=sb: G._launch(a, wt, self.sa, sb, None, OUT_DTYPE, cfg))
+            elif mode == "module":
+                fs.append(lambda mod=mod: mod(x))
+            elif mode == "two":
+                fs.append(lambda wt=wt, sb=sb: _two(x, wt, sb, cfg, False))
+            elif mode == "pdl":
+                fs.append(lambda wt=wt, sb=sb: _two(x, wt, sb, cfg, True))
+            elif mode == "fused":
+                fs.append(lambda wt=wt, sb=sb: G._launch(x, wt, None, sb, None, OUT_DTYPE, cfg, quant_a=True))
+            else:
+                raise ValueError(mode)
+        return fs
+
+    def ref(self, mode):
+        """float64 reference for copy 0: exact int products, scaled (x quantized by the torch path)."""
+        key = "x" if mode in ("module", "two", "pdl", "fused") else "a"
+        if key not in self._ref:
+            if key == "x":
+                q, s = Q._quantize_rows_torch(self.x)
+            else:
+                q, s = self.a, self.sa
+            acc = q.double() @ self.w[0].double().t()
+            self._ref[key] = acc * s.double()[:, None] * self.sb[0].double()[None, :]
+        return self._ref[key]
+
+
+def _two(x, wt, sb, cfg, pdl):
+    q, s = Q._launch_quantize_rows(x, pdl=pdl)
+    return G._launch(q, wt, s, sb, None, OUT_DTYPE, cfg, pdl=pdl)
+
+
+# ----------------------------------------------------------------------------------------------
+# compile phase (worker processes)
+# ----------------------------------------------------------------------------------------------
+
+
+def _worker_compile(task):
+    idx, (group, shape, cfg, mode) = task
+    t0 = time.time()
+    try:
+        gpu = torch.cuda.is_available()
+        dev = torch.device("cuda" if gpu else "cpu")
+        sh = Shape(*shape, dev, gpu=False)  # one weight copy is enough to compile
+        sh.fns(cfg, mode)[0]()
+        if gpu:
+            torch.cuda.synchronize()
+        return idx, True, "", time.time() - t0
+    except Exception as e:
+        return idx, False, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}", time.time() - t0
+
+
+def compile_phase(tasks, deadline, workers):
+    import multiprocessing as mp
+
+    status = {}
+    if workers <= 0:
+        return status
+    ctx = mp.get_context("spawn")
+    pool = ctx.Pool(processes=workers)
+    try:
+        it = pool.imap_unordered(_worker_compile, list(enumerate(tasks)))
+        while True:
+            left = deadline - time.time()
+            if left <= 0:
+                print(f"  compile phase: deadline, {len(status)}/{len(tasks)} done", flush=True)
+                break
+            try:
+                idx, ok, err, dt = it.next(timeout=left)
+            except StopIteration:
+                break
+            except mp.TimeoutError:
+                continue
+            status[idx] = (ok, err, dt)
+            if not ok:
+                print(f"  compile/launch FAILED {tasks[idx][0]} {tasks[idx][1]} {cfg_name(tasks[idx][2])} "
+                      f"{tasks[idx][3]}: {err}", flush=True)  # fmt: skip
+    finally:
+        pool.terminate()
+        pool.join()
+    return status
+
+
+# ----------------------------------------------------------------------------------------------
+# timing
+# ----------------------------------------------------------------------------------------------
+
+
+def bench(fns, small, gpu, rep=10):
+    if not gpu:
+        fns[0]()
+        t0 = time.perf_counter()
+        fns[0]()
+        return (time.perf_counter() - t0) * 1e3
+    import triton.testing as tt
+
+    if small:
+
+        def all_sets():
+            for f in fns:
+                f()
+
+        with torch.cuda.stream(torch.cuda.Stream()):
+            return float(tt.do_bench_cudagraph(all_sets, rep=rep, return_mode="median")) / len(fns)
+    return float(tt.do_bench(fns[0], warmup=5, rep=max(rep, 20), return_mode="median"))
+
+
+def check(sh: Shape, cfg, mode, gpu) -> tuple[bool, float]:
+    if gpu:  # poison the allocator's free blocks: an unwritten output element shows as NaN
+        junk = torch.empty(512 * 2**20 // 4, dtype=torch.float32, device="cuda").fill_(float("nan"))
+        del junk
+    out = sh.fns(cfg, mode)[0]()
+    if gpu:
+        torch.cuda.synchronize()
+    ref = sh.ref(mode)
+    o = out.double()
+    if torch.isnan(o).any():
+        return False, float("nan")
+    err = ((o - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+    return err <= 2e-2, err
+
+
+def host_overhead(dev, gpu, dry):
+    """2048^3: public API vs direct launch under plain do_bench, GPU-only time, host us per call."""
+    s = 64 if dry else 2048
+    sh = Shape(s, s, s, dev, gpu=False)
+    wt = sh.w[0].t()
+    table_cfg = G._config_for(s, s, s, dev, True)
+    public = lambda: int8_gemm.int8_gemm_dequant_fwd(sh.a, wt, sh.sa, sh.sb[0], out_dtype=OUT_DTYPE)  # noqa: E731
+    direct = lambda: G._launch(sh.a, wt, sh.sa, sh.sb[0], None, OUT_DTYPE, table_cfg)  # noqa: E731
+    mod = lambda: sh.mods[0](sh.x)  # noqa: E731
+    res = {"shape": [s, s, s], "config": table_cfg}
+    res["public_api_do_bench_ms"] = bench([public], False, gpu)
+    res["direct_launch_do_bench_ms"] = bench([direct], False, gpu)
+    res["kernel_cudagraph_ms"] = bench([direct], True, gpu)
+    res["int8linear_do_bench_ms"] = bench([mod], False, gpu)
+    # host enqueue cost: N calls with no sync (the launch queue never fills at this N)
+    d1 = Shape(1, 64 if dry else 4096, 64 if dry else 4096, dev, gpu=False)
+    for name, f in (
+        ("public_api_2048", public),
+        ("direct_launch_2048", direct),
+        ("int8linear_2048", mod),
+        ("int8linear_M1_4096", lambda: d1.mods[0](d1.x)),
+        (
+            "public_api_M1_4096",
+            lambda: int8_gemm.int8_gemm_dequant_fwd(d1.a, d1.w[0].t(), d1.sa, d1.sb[0], out_dtype=OUT_DTYPE),
+        ),
+        ("torch_mm_bf16_2048", lambda: torch.mm(sh.x, sh.x)),
+    ):
+        f()
+        if gpu:
+            torch.cuda.synchronize()
+        n = 20 if dry else 200
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                f()
+            best = min(best, (time.perf_counter() - t0) / n * 1e6)
+            if gpu:
+                torch.cuda.synchronize()
+        res[f"host_us_{name}"] = round(best, 2)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("outdir")
+    ap.add_argument("--budget", type=float, default=140.0, help="wall seconds for the whole probe")
+    ap.add_argument("--compile-share", type=float, default=0.4, help="fraction of the budget for the compile phase")
+    ap.add_argument("--workers", type=int, default=min(12, max(1, (os.cpu_count() or 4) - 2)))
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, TRITON_INTERPRET=1, tiny shapes")
+    ap.add_argument("--dry-compile", action="store_true", help="with --dry-run: also run the compile worker pool")
+    args = ap.parse_args()
+    t_start = time.time()
+    gpu = torch.cuda.is_available() and not args.dry_run
+    dev = torch.device("cuda" if gpu else "cpu")
+    out_dir = Path(args.outdir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tasks = candidate_sets(args.quick, dry=not gpu)
+    arch = G._arch(dev) if gpu else "cpu"
+    print(f"probe_int8: {len(tasks)} candidates, budget {args.budget:.0f}s, arch {arch}", flush=True)
+    status = {}
+    if gpu or "--dry-compile" in sys.argv:  # --dry-compile: exercise the worker pool on CPU
+        status = compile_phase(tasks, t_start + args.budget * args.compile_share, args.workers)
+        print(
+            f"[{time.time() - t_start:5.1f}s] compile phase done: {sum(v[0] for v in status.values())} ok", flush=True
+        )
+    results = {"env": {"torch": torch.__version__, "triton": __import__("triton").__version__, "arch": arch,
+                       "gpu": torch.cuda.get_device_name(0) if gpu else None}, "records": []}  # fmt: skip
+    try:
+        results["host_overhead"] = host_overhead(dev, gpu, not gpu)
+    except Exception as e:
+        results["host_overhead"] = {"error": f"{type(e).__name__}: {e}"}
+    print(f"[{time.time() - t_start:5.1f}s] host overhead: {json.dumps(results['host_overhead'])}", flush=True)
+
+    shapes: dict[tuple, Shape] = {}
+    anchors: dict[tuple, dict] = {}
+    recs = results["records"]
+    stop_at = t_start + args.budget - 5
+    skipped = 0
+    for idx, (group, shape, cfg, mode) in enumerate(tasks):
+        now = time.time()
+        if now > stop_at:
+            skipped = len(tasks) - idx
+            print(f"budget reached: {skipped} candidates not timed", flush=True)
+            break
+        st = status.get(idx)
+        if st is not None and not st[0]:
+            recs.append(dict(group=group, shape=shape, cfg=cfg, name=cfg_name(cfg), mode=mode, ok=False, error=st[1]))
+            continue
+        if gpu and st is None and stop_at - now < 25:
+            recs.append(
+                dict(group=group, shape=shape, cfg=cfg, name=cfg_name(cfg), mode=mode, ok=None, error="not compiled")
+            )
+            continue
+        M, N, K = shape
+        small = M <= 128
+        try:
+            if shape not in shapes:
+                for k in list(shapes):  # keep memory bounded: one shape alive at a time
+                    del shapes[k]
+                if gpu:
+                    torch.cuda.empty_cache()
+                shapes[shape] = Shape(M, N, K, dev, gpu)
+            sh = shapes[shape]
+            if shape not in anchors:
+                an = {}
+                xb = sh.x
+                wbs = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) for _ in sh.w] if gpu else [sh.w[0].float()]
+                xb_ = xb if gpu else xb.float()
+                an["bf16 F.linear"] = bench([lambda wb=wb, xb_=xb_: F.linear(xb_, wb) for wb in wbs], small, gpu)
+                del wbs
+                if M > 16 and gpu:
+                    im = [lambda w=w, a=sh.a: torch._int_mm(a, w.t()) for w in sh.w]
+                    an["torch._int_mm raw"] = bench(im, small, gpu)
+                anchors[shape] = an
+                for k, v in an.items():
+                    recs.append(dict(group=group, shape=shape, name=k, mode="anchor", ms=v, ok=True))
+            ok, err = check(sh, cfg, mode, gpu)
+            rec = dict(group=group, shape=shape, cfg=cfg, name=cfg_name(cfg), mode=mode, ok=ok, rel_err=err)
+            if ok:
+                ms = bench(sh.fns(cfg, mode), small, gpu)
+                rec["ms"] = ms
+                rec["tops"] = 2 * M * N * K / ms / 1e9
+                rec["vs_bf16"] = anchors[shape]["bf16 F.linear"] / ms
+                if "torch._int_mm raw" in anchors[shape]:
+                    rec["vs_int_mm"] = anchors[shape]["torch._int_mm raw"] / ms
+            recs.append(rec)
+        except Exception as e:
+            msg = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            recs.append(dict(group=group, shape=shape, cfg=cfg, name=cfg_name(cfg), mode=mode, ok=False, error=msg))
+            print(f"  ERROR {group} {shape} {cfg_name(cfg)} {mode}: {recs[-1]['error']}", flush=True)
+            if gpu:
+                torch.cuda.synchronize()
+    results["skipped_for_budget"] = skipped
+    results["wall_s"] = time.time() - t_start
+    fragment, summary = winners(recs, arch if gpu else "sm90")
+    results["recommendation"] = summary
+    (out_dir / "probe_int8.json").write_text(json.dumps(results, indent=1, default=str))
+    (out_dir / "tuning_fragment_sm90.json").write_text(
+        "[\n" + ",\n".join("  " + json.dumps(e) for e in fragment) + "\n]\n"
+    )
+    print_table(recs, results)
+    print(f"\nwrote {out_dir / 'probe_int8.json'} and tuning_fragment_sm90.json in {time.time() - t_start:.0f}s")
+
+
+def winners(recs, arch):
+    """Best gemm config per shape (tuning.json entries) and the best Int8Linear decode mode."""
+    best: dict[tuple, dict] = {}
+    modes: dict[tuple, dict] = {}
+    for r in recs:
+        if not r.get("ok") or "ms" not in r or r["mode"] == "anchor":
+            continue
+        shape = tuple(r["shape"])
+        if r["mode"] == "gemm":
+            if shape not in best or r["ms"] < best[shape]["ms"]:
+                best[shape] = r
+        else:
+            key = (shape, r["mode"])
+            if key not in modes or r["ms"] < modes[key]["ms"]:
+                modes[key] = r
+    fragment = []
+    for (M, N, K), r in sorted(best.items()):
+        cfg = r["cfg"] if r["cfg"] is not None else G._table().lookup(arch, M=M, N=N, K=K, b_kmajor=True)
+        if M == N == K:
+            match = {"M": M, "N": N, "K": K}
+        else:
+            match = {"M": next([lo, hi] for lo, hi in TUNE_BUCKETS if lo <= M <= hi), "N": N, "K": K}
+        fragment.append(
+            {
+                "match": match,
+                "config": cfg,
+                "_measured": f"{r['ms'] * 1e3:.1f}us {r['vs_bf16']:.2f}x bf16 ({r['name']})",
+            }
+        )
+    summary = {}
+    for (shape, mode), r in sorted(modes.items()):
+        summary.setdefault(str(list(shape)), {})[mode] = {"ms": r["ms"], "vs_bf16": r["vs_bf16"], "cfg": r["name"]}
+    return fragment, summary
+
+
+def print_table(recs, results):
+    ho = results.get("host_overhead", {})
+    print("\n== host overhead (2048^3, plain do_bench; host_us = enqueue cost per call, no sync) ==")
+    for k, v in ho.items():
+        if k not in ("config",):
+            print(f"  {k}: {v}")
+    print("\n| group | M N K | impl | mode | ms | TOPS | vs bf16 | vs _int_mm | rel err |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|")
+    for r in recs:
+        sh = " ".join(map(str, r["shape"]))
+        if r.get("ms") is None:
+            print(f"| {r['group']} | {sh} | {r['name']} | {r['mode']} | {'FAIL' if r.get('ok') is False else 'skip'} "
+                  f"| | | | {r.get('rel_err', r.get('error', ''))} |")  # fmt: skip
+            continue
+        tops = 2 * math.prod(r["shape"]) / r["ms"] / 1e9
+        vb = f"{r['vs_bf16']:.2f}x" if "vs_bf16" in r else ""
+        vi = f"{r['vs_int_mm']:.2f}x" if "vs_int_mm" in r else ""
+        re_ = f"{r['rel_err']:.1e}" if "rel_err" in r else ""
+        print(
+            f"| {r['group']} | {sh} | {r['name']} | {r['mode']} | {r['ms'] * 1e3:.1f}us | {tops:.0f} "
+            f"| {vb} | {vi} | {re_} |"
+        )
+    rec = results.get("recommendation", {})
+    if rec:
+        print("\n== Int8Linear end-to-end: best per mode (module = shipped defaults) ==")
+        for shape, d in rec.items():
+            print(
+                f"  {shape}: "
+                + "  ".join(f"{m}={v['ms'] * 1e3:.1f}us ({v['vs_bf16']:.2f}x, {v['cfg']})" for m, v in d.items())
+            )
+
+
+if __name__ == "__main__":
+    main()
