@@ -4,7 +4,8 @@
 
 For M in {1,2,4,8,12,16,24,32,48,64,96,128,192,256,512,1024,2048,4096} and (D, N) in
 {(4096,4096), (4096,14336), (2048,2048), (8192,8192)} it times (CUDA graph, bf16) every
-candidate: the decode kernel (M <= 64; K-split auto/1/2/4) and each CUTLASS GEMM tile config (rstd
+candidate: the tensor-core decode kernel (sm_80+, M <= 64: auto split, and on sm_90 cluster K-splits
+1/2/4), the CUDA-core decode kernel (K-split auto/1/2/4) and each CUTLASS GEMM tile config (rstd
 kernel included),
 then picks, per M, the candidate with the best geometric-mean time over the shapes. Consecutive
 M with the same winner become one {"match": {"M": [lo, hi]}} entry. Takes about 1-2 minutes on
@@ -38,7 +39,12 @@ BUDGET_S = 150.0
 
 
 def candidates(arch: str) -> list[dict]:
-    c = [{"path": "decode", "ksplit": k, "grid_blocks": 0} for k in (0, 1, 2, 4)]  # 0 = occupancy heuristic
+    c = []
+    if arch == "sm90":  # wn / ksplit 0 = the kernel's heuristic; ksplit > 1 = thread-block clusters
+        c += [{"path": "decode_mma", "wn": 0, "ksplit": k} for k in (0, 1, 2, 4)]
+    elif arch.startswith("sm8"):
+        c += [{"path": "decode_mma", "wn": w, "ksplit": 1} for w in (0, 1)]
+    c += [{"path": "decode", "ksplit": k, "grid_blocks": 0} for k in (0, 1, 2, 4)]  # 0 = occupancy heuristic
     if arch == "sm90":
         c += [{"path": "gemm", "config": i, "pdl": True} for i in (0, 1, 2)]
     elif arch.startswith("sm8"):
@@ -47,6 +53,8 @@ def candidates(arch: str) -> list[dict]:
 
 
 def name(cfg: dict) -> str:
+    if cfg["path"] == "decode_mma":
+        return "mma" + (f"_wn{cfg['wn']}" if cfg["wn"] else "") + (f"_ks{cfg['ksplit']}" if cfg["ksplit"] else "")
     if cfg["path"] == "decode":
         return "decode" if cfg["ksplit"] == 0 else f"dec_ks{cfg['ksplit']}"
     return f"gemm{cfg['config']}"
@@ -75,6 +83,8 @@ def time_candidate(cfg: dict, M: int, D: int, N: int) -> float:
 def synthetic(cfg: dict, M: int, D: int, N: int) -> float:
     """Dry-run timing model: decode streams W once per 8 rows, GEMMs have tile-quantised waste."""
     w_bytes = N * D * 2
+    if cfg["path"] == "decode_mma":
+        return w_bytes / 3.9e6 * (1 + 0.02 * M / 8) + 1.5 + 0.3 * (cfg["ksplit"] > 1)
     if cfg["path"] == "decode":
         return w_bytes / 4.0e6 * math.ceil(M / 16) ** 0.5 * (1 + 0.05 * cfg["ksplit"]) + 2.0
     tm = {0: 128, 1: 128, 2: 64}[cfg["config"]]
@@ -127,7 +137,7 @@ def main() -> int:
             break
         scores = {}
         for c in cands:
-            if c["path"] == "decode" and M > DECODE_MAX:
+            if c["path"] in ("decode", "decode_mma") and M > DECODE_MAX:
                 continue
             try:
                 ts = [timer(c, M, D, N) for D, N in SHAPES]

@@ -44,11 +44,11 @@ def test_check_configured_arch_list(tmp_path):
     res = _run_check(tmp_path, "--light")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "check OK" in res.stdout
-    for unit in ("decode", "rstd", "gemm_sm80", "gemm_sm90_light", "binding"):
+    for unit in ("decode", "decode_mma", "rstd", "gemm_sm80", "gemm_sm90_light", "binding"):
         assert f"compiled {unit}" in res.stdout, res.stdout
     mod = _load(tmp_path)  # importable without a GPU (static cudart, no CUDA call at import)
     assert list(mod.compiled_archs()) == _build.resolve_arch_list(_build.default_arch_list())
-    assert mod.has_sm90_gemm() and mod.has_sm80_gemm()
+    assert mod.has_sm90_gemm() and mod.has_sm80_gemm() and mod.has_decode_mma()
     assert mod.cuda_version() >= 12000
 
 
@@ -95,13 +95,23 @@ def test_oldest_arch_aot_wheel_without_gemm(tmp_path):
     mod = _build.load_module(tmp_path / "x" / so, name="frms_test_oldest._C")
     assert list(mod.compiled_archs()) == [arch]
     assert not mod.has_sm90_gemm() and not mod.has_sm80_gemm()
+    assert not mod.has_decode_mma()  # mma.sync bf16 needs sm_80: the unit is not compiled at all
 
 
 def test_jit_only_wheel_ships_sources(tmp_path):
     whl = _pip_wheel(tmp_path, FUSED_RMSNORM_BUILD="0")
     assert whl.name.endswith("-py3-none-any.whl"), whl.name
     names = set(zipfile.ZipFile(whl).namelist())
-    for f in ("decode.cu", "rstd.cu", "gemm_sm90.cu", "gemm_sm80.cu", "binding.cpp", "frms.h", "vec.cuh"):
+    for f in (
+        "decode.cu",
+        "decode_mma.cu",
+        "rstd.cu",
+        "gemm_sm90.cu",
+        "gemm_sm80.cu",
+        "binding.cpp",
+        "frms.h",
+        "vec.cuh",
+    ):
         assert f"fused_rmsnorm/csrc/{f}" in names
     assert "fused_rmsnorm/_common/checks.py" in names and "fused_rmsnorm/build_config.json" in names
     assert not any(n.endswith(".so") for n in names)

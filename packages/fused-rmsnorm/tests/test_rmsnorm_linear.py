@@ -148,9 +148,11 @@ def test_extension_path_rejects_cpu_tensors(monkeypatch):
 
 
 def test_plan_sm90():
-    assert plan("sm90", 1, 4096, 4096, has_gemm=True)["path"] == "decode"
-    # measured on the H200: the GEMV lost to the GEMM path from M=8 up, so sm90 decodes M=1 only
-    p = plan("sm90", 16, 14336, 4096, has_gemm=True)
+    # decode shapes (M <= 32) go to the tensor-core decode kernel, larger M to the CUTLASS GEMMs
+    for M, N in ((1, 4096), (8, 4096), (16, 14336), (32, 8192)):
+        p = plan("sm90", M, N, 4096, has_gemm=True)
+        assert p["path"] == "decode_mma" and p["wn"] == 0 and p["ksplit"] == 0, (M, p)
+    p = plan("sm90", 33, 4096, 4096, has_gemm=True)
     assert p["path"] == "gemm" and p["config"] == 2
     p = plan("sm90", 128, 8192, 8192, has_gemm=True)
     assert p["path"] == "gemm" and p["config"] == 2
@@ -158,6 +160,15 @@ def test_plan_sm90():
     assert p["path"] == "gemm" and p["config"] == 1
     p = plan("sm90", 4096, 4096, 4096, has_gemm=True)
     assert p["path"] == "gemm" and p["config"] == 0
+
+
+def test_plan_decode_mma_fallbacks():
+    # a binary / GPU without the tensor-core kernel runs the CUDA-core decode kernel instead
+    assert plan("sm90", 8, 4096, 4096, has_gemm=True, has_mma=False)["path"] == "decode"
+    assert plan("sm86", 16, 4096, 4096, has_gemm=True)["path"] == "decode_mma"
+    assert plan("sm86", 16, 4096, 4096, has_gemm=True)["ksplit"] == 1  # no clusters before sm_90
+    assert plan("sm75", 4, 4096, 4096, has_gemm=False, has_mma=False)["path"] == "decode"
+    assert plan("sm86", 33, 4096, 4096, has_gemm=True)["path"] == "gemm"
 
 
 def test_plan_without_gemm_and_arch_fallback():
@@ -248,6 +259,89 @@ def test_gpu_bias_odd_sizes_strided_leading_dims(M, dtype):
     torch.cuda.synchronize()
     assert y.shape == (1, M, N_gemm)
     assert rel_err(y[0], _ref32(x, g, w, b, 1e-5).double()) <= 1e-2
+
+
+DEC_M = [1, 2, 3, 8, 16, 17, 31, 32]
+
+
+def _ext_or_skip():
+    ext = backend.get_ext(torch.device("cuda"))
+    if ext.kind == "torch" or not ext.has_decode_mma or torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("no tensor-core decode kernel for this GPU / binary")
+    return ext.module
+
+
+def _poisoned(M, N, dtype):
+    return torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("D", [4096, 5120])
+@pytest.mark.parametrize("M", DEC_M)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gpu_decode_mma_vs_fp32(M, D, dtype, with_bias):
+    """The tensor-core decode kernel through the public API (functional: g applied in-kernel) and
+    through the module path (folded W'), strided x, poisoned outputs."""
+    from fused_rmsnorm import FusedRMSNormLinear
+
+    _ext_or_skip()
+    N = 1000 + 8 * M + 3  # not a multiple of any tile size
+    x, g, w, b = _gpu_case(M, D, N, dtype, bias=with_bias, seed=M + D)
+    xs = torch.cat([x, x[:, :72]], dim=1)[:, :D]  # row stride D + 72: strided rows
+    assert plan("sm90", M, N, D, has_gemm=True)["path"] == "decode_mma"
+    y = fused_rmsnorm_linear(xs, g, w, b, eps=1e-5)
+    ref = _ref32(x, g, w, b, 1e-5).double()
+    assert torch.isfinite(y).all() and rel_err(y, ref) <= 1e-2
+    mod = FusedRMSNormLinear(D, N, bias=with_bias, eps=1e-5, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        mod.weight.copy_(w)
+        mod.norm_weight.copy_(g)
+        if with_bias:
+            mod.bias.copy_(b)
+        ym = mod(xs)
+    assert torch.isfinite(ym).all() and rel_err(ym, ref) <= 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 3, 17, 32, 40])
+def test_gpu_decode_mma_every_split(M, dtype):
+    """Every (wn, ksplit) the kernel takes, raw binding, output poisoned with NaN, K % 32 != 0,
+    ragged N, x and y row strides. ksplit > 1 (thread-block clusters) only on sm_90."""
+    m = _ext_or_skip()
+    D, N = 1032, 203
+    x, g, w, b = _gpu_case(M, D, N, dtype, bias=True, seed=7 * M)
+    xs = torch.cat([x, x[:, :24]], dim=1)[:, :D]
+    ref = _ref32(x, g, w, b, 1e-6).double()
+    dt = 0 if dtype == torch.float16 else 1
+    stream = torch.cuda.current_stream().cuda_stream
+    splits = [0, 1, 2, 4, 8, 16] if torch.cuda.get_device_capability()[0] >= 9 else [0, 1]
+    for wn in (0, 1, 2, 4, 8):
+        for ks in splits:
+            for gptr, wt in ((g.data_ptr(), w), (0, w * g)):
+                yb = _poisoned(M, N + 5, dtype)
+                m.decode_mma(dt, xs.data_ptr(), xs.stride(0), gptr, wt.data_ptr(), D, b.data_ptr(), yb.data_ptr(),
+                             N + 5, M, N, D, 1e-6, wn, ks, stream)  # fmt: skip
+                y = yb[:, :N]
+                assert torch.isfinite(y).all(), (wn, ks, gptr != 0)
+                assert rel_err(y, ref) <= 1e-2, (wn, ks, gptr != 0)
+                assert torch.isnan(yb[:, N:]).all()  # nothing written past N
+
+
+@pytest.mark.gpu
+def test_gpu_decode_mma_rejects_bad_split():
+    m = _ext_or_skip()
+    x, g, w, _ = _gpu_case(2, 256, 64, torch.bfloat16)
+    y = torch.empty(2, 64, device="cuda", dtype=torch.bfloat16)
+    s = torch.cuda.current_stream().cuda_stream
+    with pytest.raises(RuntimeError, match="decode_mma"):
+        m.decode_mma(1, x.data_ptr(), 256, g.data_ptr(), w.data_ptr(), 256, 0, y.data_ptr(), 64, 2, 64, 256, 1e-6, 3,
+                     0, s)  # fmt: skip
+    if torch.cuda.get_device_capability()[0] < 9:
+        with pytest.raises(RuntimeError, match="clusters"):
+            m.decode_mma(1, x.data_ptr(), 256, g.data_ptr(), w.data_ptr(), 256, 0, y.data_ptr(), 64, 2, 64, 256, 1e-6,
+                         1, 2, s)  # fmt: skip
 
 
 @pytest.mark.gpu

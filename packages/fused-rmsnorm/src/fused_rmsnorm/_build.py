@@ -10,16 +10,20 @@ Deliberately free of torch imports: the build hook runs it in a bare build envir
 
 Translation units (each one nvcc process, run in parallel up to os.cpu_count()):
 * ``decode.cu``, ``rstd.cu``: every arch in the list (plain CUDA, sm_70+), plus PTX of the newest;
+* ``decode_mma.cu``: the tensor-core decode kernel (mma.sync bf16 needs sm_80): every arch >= 8.0
+  in the list plus PTX of the newest; skipped (binding reports ``has_decode_mma() == False``) when
+  the list has none;
 * ``gemm_sm80.cu``: CUTLASS 2.x, compiled for sm_80 only when any 8.x arch is requested (the sm_80
   cubin runs on sm_86 / sm_89);
 * ``gemm_sm90.cu`` x 3 tile configs: CUTLASS 3.x, ``sm_90a`` only (plain sm_90 builds stubs);
 * ``binding.cpp``: pybind11, told by macros which GEMMs exist.
 The CUTLASS units are skipped (prefill then uses the torch GEMM) when the CUTLASS headers are absent.
 
-Cost on 2 CPU cores (nvcc 13.0): the full default-arch build is ~4.5 CPU-minutes (each SM90 tile
+Cost on 2 CPU cores (nvcc 13.0): the full default-arch build is ~5.3 CPU-minutes (each SM90 tile
 config ~55-70 CPU-s for bf16+fp16, the SM80 GEMMs ~40 CPU-s, decode+rstd for 4 archs ~25 CPU-s,
-binding ~15 CPU-s), i.e. about 3 minutes wall. ``--check --light`` instantiates one tile config and
-one dtype per GEMM family (same template code paths) for CI; its module is only a compile proof.
+decode_mma ~10-13 CPU-s per arch, binding ~15 CPU-s), i.e. about 3.5 minutes wall. ``--check
+--light`` instantiates one tile config and one dtype per GEMM family and decode_mma for the oldest
+and newest 8.0+ arch only (the same template code paths) for CI; its module is only a compile proof.
 """
 
 from __future__ import annotations
@@ -173,6 +177,7 @@ class Plan:
     units: list[Unit]
     have_sm80: bool
     have_sm90: bool
+    have_mma: bool
     cutlass: Path | None
     nvcc: str
     version: str
@@ -194,9 +199,17 @@ def plan(archs: list[str], *, nvcc: str, light: bool = False, use_cutlass: bool 
         if a.endswith("+PTX") and _num(a) != n_newest:
             plain.append(f"-gencode=arch=compute_{_num(a)},code=compute_{_num(a)}")
 
+    mma_archs = [a for a in archs if _major(a) >= 8]
+    if light and len(mma_archs) > 2:  # both sides of the kernel's sm_90 (cluster) #if
+        mma_archs = [mma_archs[0], mma_archs[-1]]
+    mma = [f"-gencode=arch=compute_{_num(a)},code=sm_{_num(a)}" for a in mma_archs]
+    if mma_archs:
+        mma.append(f"-gencode=arch=compute_{n_newest},code=compute_{n_newest}")
     have_sm80 = cutlass is not None and any(_major(a) == 8 for a in archs)
     have_sm90 = cutlass is not None and any(_major(a) == 9 for a in archs)
     units = [Unit("decode", CSRC / "decode.cu", plain), Unit("rstd", CSRC / "rstd.cu", plain)]
+    if mma_archs:
+        units.append(Unit("decode_mma", CSRC / "decode_mma.cu", mma))
     cut = [f"-I{cutlass}"] if cutlass else []
     if have_sm80:
         sm80 = ["-gencode=arch=compute_80,code=sm_80", *cut] + (["-DFRMS_SM80_LIGHT"] if light else [])
@@ -223,12 +236,13 @@ def plan(archs: list[str], *, nvcc: str, light: bool = False, use_cutlass: bool 
                 f"-I{sysconfig.get_paths()['include']}",
                 f"-DFRMS_HAVE_SM80={int(have_sm80)}",
                 f"-DFRMS_HAVE_SM90={int(have_sm90)}",
+                f"-DFRMS_HAVE_MMA={int(bool(mma_archs))}",
                 f'-DFRMS_ARCHS="{arch_str}"',
                 "-Xcompiler=-fvisibility=hidden",
             ],
         )
     )
-    return Plan(archs, units, have_sm80, have_sm90, cutlass, nvcc, version)
+    return Plan(archs, units, have_sm80, have_sm90, bool(mma_archs), cutlass, nvcc, version)
 
 
 COMMON = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DNDEBUG", "-Xcompiler=-fPIC", f"-I{CSRC}"]
@@ -263,7 +277,7 @@ def build(
     log = (lambda s: print(s, flush=True)) if verbose else (lambda s: None)
     log(
         f"[fused_rmsnorm build] nvcc {p.version}, archs {';'.join(archs)}, cutlass {p.cutlass or 'NOT FOUND'}, "
-        f"sm80 gemm {p.have_sm80}, sm90 gemm {p.have_sm90}, {len(p.units)} units"
+        f"sm80 gemm {p.have_sm80}, sm90 gemm {p.have_sm90}, decode_mma {p.have_mma}, {len(p.units)} units"
     )
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="frms_build_") as tmp:

@@ -50,6 +50,11 @@ class Ext:
     def has_gemm_sm80(self) -> bool:
         return self.module is not None and bool(self.module.has_sm80_gemm())
 
+    @property
+    def has_decode_mma(self) -> bool:
+        # getattr: a JIT cache or AOT module built before the tensor-core decode kernel existed
+        return self.module is not None and bool(getattr(self.module, "has_decode_mma", lambda: False)())
+
 
 def forced_backend() -> str:
     v = os.environ.get("FUSED_RMSNORM_BACKEND", "auto").strip().lower() or "auto"

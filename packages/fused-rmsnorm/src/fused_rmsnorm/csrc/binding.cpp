@@ -18,6 +18,9 @@
 #ifndef FRMS_HAVE_SM90
 #define FRMS_HAVE_SM90 0
 #endif
+#ifndef FRMS_HAVE_MMA
+#define FRMS_HAVE_MMA 0
+#endif
 #ifndef FRMS_ARCHS
 #define FRMS_ARCHS ""
 #endif
@@ -37,6 +40,8 @@ void check(int status, const char* what) {
     msg += "CUTLASS failed to initialise or launch the GEMM";
   else if (status == FRMS_ERR_NOT_BUILT)
     msg += "this kernel was not compiled into the extension";
+  else if (status == FRMS_ERR_UNSUPPORTED)
+    msg += "a K split across CTAs (ksplit > 1) needs thread-block clusters: an sm_90 device and a 9.0 build";
   else
     msg += std::string("CUDA error ") + cudaGetErrorName(cudaError_t(status)) + ": " +
            cudaGetErrorString(cudaError_t(status));
@@ -74,6 +79,24 @@ PYBIND11_MODULE(_C, m) {
       py::arg("dtype"), py::arg("x"), py::arg("ldx"), py::arg("g"), py::arg("w"), py::arg("ldw"), py::arg("bias"),
       py::arg("y"), py::arg("ldy"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("eps"), py::arg("ksplit"),
       py::arg("grid_blocks"), py::arg("stream"));
+
+  m.def(
+      "decode_mma",
+      [](int dtype, std::uintptr_t x, int64_t ldx, std::uintptr_t g, std::uintptr_t w, int64_t ldw,
+         std::uintptr_t bias, std::uintptr_t y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int wn,
+         int ksplit, std::uintptr_t stream) {
+#if FRMS_HAVE_MMA
+        check(frms_decode_mma(dtype, cptr(x), ldx, g ? cptr(g) : nullptr, cptr(w), ldw, bias ? cptr(bias) : nullptr,
+                              mptr(y), ldy, M, N, K, eps, wn, ksplit, mptr(stream)),
+              "decode_mma");
+#else
+        check(FRMS_ERR_NOT_BUILT, "decode_mma");
+#endif
+      },
+      "Tensor-core decode (sm_80+). g = 0: w is the folded W' = W * g. wn / ksplit: 0 = auto.",
+      py::arg("dtype"), py::arg("x"), py::arg("ldx"), py::arg("g"), py::arg("w"), py::arg("ldw"), py::arg("bias"),
+      py::arg("y"), py::arg("ldy"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("eps"), py::arg("wn"),
+      py::arg("ksplit"), py::arg("stream"));
 
   m.def(
       "rstd",
@@ -123,6 +146,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("compiled_archs", &compiled_archs, "arch list this binary was compiled for, e.g. ['8.0', '9.0a']");
   m.def("has_sm90_gemm", [] { return bool(FRMS_HAVE_SM90); });
   m.def("has_sm80_gemm", [] { return bool(FRMS_HAVE_SM80); });
+  m.def("has_decode_mma", [] { return bool(FRMS_HAVE_MMA); });
   m.def("cuda_version", [] { return int(CUDART_VERSION); }, "CUDA runtime version the module was built with");
   m.attr("DTYPE_F16") = FRMS_DTYPE_F16;
   m.attr("DTYPE_BF16") = FRMS_DTYPE_BF16;

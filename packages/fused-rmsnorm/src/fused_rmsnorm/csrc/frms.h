@@ -12,6 +12,7 @@
 #define FRMS_ERR_BAD_ARG 100000
 #define FRMS_ERR_CUTLASS 100001
 #define FRMS_ERR_NOT_BUILT 100002
+#define FRMS_ERR_UNSUPPORTED 100003  // e.g. a K split across CTAs without thread-block clusters
 
 extern "C" {
 
@@ -20,6 +21,13 @@ extern "C" {
 int frms_decode(int dtype, const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw, const void* bias,
                 void* y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int ksplit, int grid_blocks,
                 void* stream);
+
+// Same op on tensor cores (sm_80+, decode_mma.cu): W rows are the MMA's M, tokens its N.
+// g == nullptr: w is already W' = W * diag(g). wn: warps along N per CTA (0 = auto; 1/2/4/8 -> 16..128
+// rows per CTA); ksplit: CTAs of a thread-block cluster splitting K (0 = auto; > 1 needs sm_90).
+int frms_decode_mma(int dtype, const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw,
+                    const void* bias, void* y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int wn,
+                    int ksplit, void* stream);
 
 // rstd[m] = 1 / sqrt(mean_k x[m, k]^2 + eps) in fp32. signal_dependents: trigger Hopper PDL early.
 int frms_rstd(int dtype, const void* x, int64_t ldx, float* rstd, int64_t M, int64_t K, float eps, void* stream);

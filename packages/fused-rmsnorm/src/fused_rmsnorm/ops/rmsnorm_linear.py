@@ -1,8 +1,10 @@
 """y = Linear(RMSNorm(x)) = ((x * rstd) * g) @ W^T (+ bias), rstd = 1 / sqrt(mean(x^2) + eps).
 
 CUDA tensors (fp16 / bf16) go to the CUDA extension (see ``backend.py`` for AOT -> JIT -> torch):
-* small M (``path == "decode"`` in tuning.json): one fused GEMV kernel reads W once, computes rstd
-  itself and multiplies x by rstd * g on the fly;
+* small M, sm_80+ (``path == "decode_mma"`` in tuning.json): one tensor-core kernel streams W once
+  (W rows as the MMA's M, tokens as its N), computes rstd itself and scales the output columns;
+  g comes from the modules' folded W' or, for a functional call, is applied in-kernel;
+* small M, older GPUs (``path == "decode"``): the CUDA-core GEMV kernel, same fusion;
 * larger M: g is folded into the weight (W' = W * g; per call here, cached by the modules), a tiny
   kernel computes rstd[M] in fp32 and a CUTLASS tensor-core GEMM applies it as a per-row scale in
   its epilogue (SM90: TMA warp-specialized, launched with programmatic dependent launch after the
@@ -73,10 +75,16 @@ def torch_reference(x, w_norm, w_lin, bias, eps):
 # ---------------------------------------------------------------------------------------- planning
 
 
-def plan(arch: str, M: int, N: int, K: int, *, has_gemm: bool) -> dict:
-    """Kernel choice for one call: {"path": "decode"|"gemm"|"torch_gemm", "config": int, ...}."""
+def plan(arch: str, M: int, N: int, K: int, *, has_gemm: bool, has_mma: bool = True) -> dict:
+    """Kernel choice for one call: {"path": "decode_mma"|"decode"|"gemm"|"torch_gemm", ...}.
+
+    ``has_mma``: the binary has the tensor-core decode kernel and the GPU is sm_80+; without it a
+    decode_mma entry runs the CUDA-core decode kernel instead.
+    """
     cfg = _TUNING.lookup(arch, M=M, N=N, K=K, MN=M * N)
     path = cfg.get("path", "gemm")
+    if path == "decode_mma" and not has_mma:
+        path = "decode"
     if path == "gemm" and not has_gemm:
         # no tensor-core GEMM for this arch in the binary (e.g. an SM70/75 build): the decode kernel
         # still wins for small M, otherwise torch matmul + row scale
@@ -150,10 +158,24 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
     cap = torch.cuda.get_device_capability(x.device)
     arch = arch_key(x.device)
     has_gemm = (cap[0] == 9 and ext.has_gemm_sm90) or (cap[0] == 8 and ext.has_gemm_sm80)
-    p = plan(arch, M, N, D, has_gemm=has_gemm)
+    p = plan(arch, M, N, D, has_gemm=has_gemm, has_mma=cap[0] >= 8 and ext.has_decode_mma)
     b = _vec(bias)
     bptr = b.data_ptr() if b is not None else 0
     mod = ext.module
+    if p["path"] == "decode_mma":
+        if _ld(x2) * 32 >= 2**31:  # the kernel addresses 32 rows of x with 32-bit offsets
+            x2 = x2.contiguous()
+        if w_folded is not None:  # the modules' W' = W * g: no per-call work for g at all
+            w2, gptr = _as_2d_rows(w_folded, "w_folded"), 0
+        else:  # functional call: the kernel applies g itself (to x or to W, whichever is cheaper)
+            w2, g = _as_2d_rows(w_lin, "w_lin"), _vec(w_norm)
+            gptr = g.data_ptr()
+        mod.decode_mma(
+            dt, x2.data_ptr(), _ld(x2), gptr, w2.data_ptr(), _ld(w2), bptr,
+            out.data_ptr(), out.stride(0), M, N, D, float(eps), int(p.get("wn", 0)),
+            int(p.get("ksplit", 0)), stream,
+        )  # fmt: skip
+        return out.reshape(*lead, N)
     if p["path"] == "decode":
         w2 = _as_2d_rows(w_lin, "w_lin")
         g = _vec(w_norm)
