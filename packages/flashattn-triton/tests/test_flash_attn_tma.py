@@ -86,10 +86,19 @@ def test_tma_eligibility():
 
 
 def test_tma_candidates_well_formed():
-    for D in (32, 64, 80, 128, 256):
+    for D in (32, 64, 80, 128):
         cands = F.fwd_tma_candidates(D, torch.bfloat16)
-        assert cands and all(c["TMA"] == 1 and c["BLOCK_M"] == 128 for c in cands)
+        assert cands and all(c["TMA"] == 1 and c["BLOCK_M"] == 128 and not c.get("WS") for c in cands)
+    assert F.fwd_tma_candidates(256, torch.bfloat16) == []  # only a WS variant fitted D256
     assert F.fwd_tma_candidates(128, torch.float32) == []
+
+
+def test_ws_only_where_enabled(monkeypatch):
+    monkeypatch.delenv("FLASHATTN_TRITON_EXPERIMENTAL_WS", raising=False)
+    assert F._ws_enabled(torch.device("cpu"))
+    assert not F._ws_enabled(torch.device("cuda"))
+    monkeypatch.setenv("FLASHATTN_TRITON_EXPERIMENTAL_WS", "1")
+    assert F._ws_enabled(torch.device("cuda"))
 
 
 def test_public_api_unchanged_off_table(monkeypatch):

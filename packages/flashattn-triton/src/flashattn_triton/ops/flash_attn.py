@@ -1222,23 +1222,25 @@ def candidate_configs(kernel: str, head_dim: int, dtype: torch.dtype) -> list[di
 
 
 def fwd_tma_candidates(head_dim: int, dtype: torch.dtype) -> list[dict]:
-    """SM90 TMA forward variants (used where fwd_tma_ok holds, else the same tiles on the pointer kernel).
-    WS=1: warp-specialized (TMA producer + 2 consumer warpgroups of 64 rows; num_warps is per partition);
-    otherwise 8 warps = 2 warpgroups sharing the loads, host descriptors and the unmasked/masked split."""
+    """SM90 TMA forward variants (used where fwd_tma_ok holds, else the same tiles on the pointer kernel):
+    8 warps = 2 warpgroups sharing the loads, host descriptors and the unmasked/masked split.
+    The warp-specialized variant (WS=1) is not offered: on the H200 with Triton 3.6 it wrote NaN
+    (scripts/probe_flash_fwd.py, 2026-11-29), see ``_ws_enabled``."""
     bd = _block_d(head_dim)
-    if dtype == torch.float32:
+    if dtype == torch.float32 or bd >= 256:
         return []
-    if bd >= 256:
-        return [dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2, TMA=1, WS=1)]
-    space = [  # (BLOCK_M, BLOCK_N, warps, stages, WS); smem at D128: Q 32K + (K+V) 32K per stage (BLOCK_N 64)
-        (128, 64, 4, 2, 1), (128, 64, 4, 3, 1), (128, 128, 4, 2, 1),
-        (128, 64, 8, 3, 0), (128, 128, 8, 2, 0), (128, 128, 8, 3, 0),
-    ]  # fmt: skip
+    space = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3)]  # smem at D128: Q 32K + (K+V) 32K/stage at N64
     return [
-        dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st, TMA=1, WS=ws)
-        for m, n, w, st, ws in space
+        dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st, TMA=1)
+        for m, n, w, st in space
         if not (bd >= 128 and n >= 128 and st > 2)
     ]
+
+
+def _ws_enabled(device: torch.device) -> bool:
+    """WS=1 configs run warp-specialized only under the interpreter or when
+    FLASHATTN_TRITON_EXPERIMENTAL_WS=1: compiled by Triton 3.6 for the H200 they produced NaN."""
+    return device.type != "cuda" or os.environ.get("FLASHATTN_TRITON_EXPERIMENTAL_WS", "0") == "1"
 
 
 def _bench(fn) -> float:
@@ -1476,7 +1478,7 @@ def _fwd_tma_launch(q, k, v, out, lse, causal, sm_scale, cfg):
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     bm, bn, bd = cfg["BLOCK_M"], cfg["BLOCK_N"], _block_d(D)
-    ws = bool(cfg.get("WS", 0))
+    ws = bool(cfg.get("WS", 0)) and _ws_enabled(q.device)  # else the same tiles, not specialized
     # WS needs in-kernel descriptors (host ones do not survive Triton 3.6's Hopper warp specialization)
     host = not ws and not cfg.get("DEVICE_DESC", 0)
     if host:  # 4-D descriptors over the (B, H, N, D) views as they are strided
