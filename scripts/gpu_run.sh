@@ -3,11 +3,11 @@
 #
 #   scripts/gpu_run.sh OUTDIR [--stages tests,bench] [--quick] [--pack FILE] [PYTEST_PATHS...]
 #
-# Stages (run in this order, any subset):
+# Stages (run in this order, any subset; probes first, as most need no extension build):
+#   probe  each script in $PROBES (space-separated PATH[:BUDGET]) as `python3 PATH OUTDIR/NAME [--budget B]`
 #   tests  the GPU test suite (pytest -m gpu) over PYTEST_PATHS (default: every package + tests/)
 #   tune   scripts/tune_int8.py; later stages of the same run use the fresh table
 #   tune_rmsnorm  scripts/tune_rmsnorm.py (fused_rmsnorm kernel per M); the fresh table is used too
-#   probe  each script in $PROBES (space-separated PATH[:BUDGET]) as `python3 PATH OUTDIR/NAME [--budget B]`
 #   sass   scripts/int8_sass.py: instruction mix of the int8 kernels from their cubins
 #   bench  benchmarks/run_all.py per suite, merged into OUTDIR/<gpu>.json + plots + roofline
 #   late   slow GPU tests named by $LATE_TESTS (JIT build, compute-sanitizer)
@@ -75,6 +75,14 @@ need_build() {  # the extension builds in the background until something needs i
   BUILT=1
 }
 PYTEST=(python3 -m pytest -q -m gpu -p no:cacheprovider -o "addopts=--import-mode=importlib -ra")
+if has probe; then  # only fused-rmsnorm probes wait for the extension build
+  for spec in ${PROBES:-}; do  # PATH or PATH:BUDGET_SECONDS (passed on as --budget)
+    p=${spec%%:*}; n=$(basename "$p" .py); b=()
+    [ "$spec" != "$p" ] && b=(--budget "${spec#*:}")
+    case $n in *rmsnorm*) need_build ;; esac
+    stage "$n" "${PROBE_LIMIT:-$LIMIT}" python3 "$p" "$W/$n" "${b[@]}"
+  done
+fi
 if has tests; then
   need_build
   stage gpu_tests "${TESTS_LIMIT:-$LIMIT}" "${PYTEST[@]}" --junitxml="$W/junit.xml" "${PATHS[@]}"
@@ -87,14 +95,6 @@ if has tune_rmsnorm; then
   need_build
   stage tune_rmsnorm "${TUNE_LIMIT:-$LIMIT}" python3 scripts/tune_rmsnorm.py "$W/tune_rmsnorm"
   [ -s "$W/tune_rmsnorm/tuning.json" ] && cp "$W/tune_rmsnorm/tuning.json" packages/fused-rmsnorm/src/fused_rmsnorm/tuning.json
-fi
-if has probe; then  # only fused-rmsnorm probes wait for the extension build
-  for spec in ${PROBES:-}; do  # PATH or PATH:BUDGET_SECONDS (passed on as --budget)
-    p=${spec%%:*}; n=$(basename "$p" .py); b=()
-    [ "$spec" != "$p" ] && b=(--budget "${spec#*:}")
-    case $n in *rmsnorm*) need_build ;; esac
-    stage "$n" "${PROBE_LIMIT:-$LIMIT}" python3 "$p" "$W/$n" "${b[@]}"
-  done
 fi
 has sass && stage sass "${SASS_LIMIT:-$LIMIT}" python3 scripts/int8_sass.py
 if has bench; then
