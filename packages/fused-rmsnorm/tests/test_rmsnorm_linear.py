@@ -162,6 +162,53 @@ def test_plan_sm90():
     assert p["path"] == "gemm" and p["config"] == 0
 
 
+_CFG_MAIN = r"""
+#include <cstdio>
+#include "decode_mma_config.h"
+int main(int argc, char** argv) {
+  long long M, N, K; int tok, clusters, sms, per_sm, wn, ks;
+  while (std::scanf("%lld %lld %lld %d %d %d %d %d %d", &M, &N, &K, &tok, &clusters, &sms, &per_sm, &wn, &ks) == 9) {
+    frms::decode_mma_auto_config(M, N, K, tok, clusters != 0, sms, per_sm, wn, ks);
+    std::printf("%d %d\n", wn, ks);
+  }
+  return 0;
+}
+"""
+
+
+def test_decode_mma_auto_config(tmp_path):
+    # the kernel's host-side (wn, ksplit) heuristic (plain C++ header) vs the H200 winners of the
+    # 2026-11-29 CUDA-graph probe: one wave of 2 CTAs x 132 SMs, clusters only when N / 16 < SMs
+    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    csrc = os.path.join(os.path.dirname(fused_rmsnorm.__file__), "csrc")
+    (tmp_path / "t.cpp").write_text(_CFG_MAIN)
+    exe = tmp_path / "t"
+    subprocess.run([cxx, "-std=c++17", "-O1", "-I", csrc, str(tmp_path / "t.cpp"), "-o", str(exe)], check=True)
+    cases = []  # (M, N, K, tok, clusters, sms, per_sm, wn_in, ks_in) -> (wn, ks)
+    tok = lambda m: 8 if m <= 8 else 16 if m <= 16 else 32  # noqa: E731
+    want = {}
+    for M in (1, 2, 4, 8, 16, 32):
+        want[(M, 4096, 4096, tok(M), 1, 132, 2, 0, 0)] = (1, 1)  # 256 CTAs
+        want[(M, 14336, 4096, tok(M), 1, 132, 2, 0, 0)] = (4, 1)  # 224
+        want[(M, 8192, 8192, tok(M), 1, 132, 2, 0, 0)] = (2, 1)  # 256
+        want[(M, 2048, 2048, tok(M), 1, 132, 2, 0, 0)] = (1, 2)  # 128 x 2 (cluster)
+        want[(M, 2048, 2048, tok(M), 0, 132, 2, 0, 0)] = (1, 1)  # no clusters (sm_8x / old build)
+    want[(64, 4096, 4096, 32, 1, 132, 2, 0, 0)] = (2, 1)  # 2 token chunks x 128
+    want[(1, 4096, 4096, 8, 1, 132, 2, 8, 0)] = (8, 8)  # fixed wn: clusters refill the wave (32 x 8)
+    want[(1, 4096, 4096, 8, 1, 132, 2, 0, 2)] = (2, 2)  # fixed ks: wn for one wave (128 x 2)
+    want[(1, 131072, 4096, 8, 1, 132, 2, 0, 0)] = (8, 1)  # nothing fits one wave: fewest CTAs
+    want[(1, 2048, 256, 8, 1, 132, 2, 0, 0)] = (1, 1)  # K too short to split
+    want[(1, 4096, 4096, 8, 1, 108, 2, 0, 0)] = (2, 1)  # A100: 216 slots
+    cases = list(want)
+    inp = "\n".join(" ".join(str(v) for v in c) for c in cases) + "\n"
+    out = subprocess.run([str(exe)], input=inp, capture_output=True, text=True, check=True).stdout.split("\n")
+    got = {c: tuple(int(v) for v in line.split()) for c, line in zip(cases, out)}
+    bad = {c: (got[c], want[c]) for c in cases if got[c] != want[c]}
+    assert not bad, bad
+
+
 def test_plan_decode_mma_fallbacks():
     # a binary / GPU without the tensor-core kernel runs the CUDA-core decode kernel instead
     assert plan("sm90", 8, 4096, 4096, has_gemm=True, has_mma=False)["path"] == "decode"

@@ -26,6 +26,7 @@
 //   and the partial sums go through the same reductions as C; rstd scales the output columns.
 // * g (functional path) multiplies x in fp32 before it is rounded to the MMA's 16-bit operand (one
 //   rounding, like the unfused x * rstd -> bf16 -> * g); the module path passes W' and g = nullptr.
+#include "decode_mma_config.h"
 #include "frms.h"
 #include "vec.cuh"
 
@@ -413,29 +414,6 @@ bool cluster_capable(K kernel, int dev) {
 // double buffer's parity follows the ring slot.
 constexpr int kRing = 4;
 
-// Default split: WN so that the x traffic (M / (16 WN) of W's) stays small, then enough CTAs for two
-// per SM: more CTAs along K through a cluster where possible, else smaller WN.
-inline void auto_config(int64_t M, int64_t N, int64_t K, int TOK, bool clusters, int sms, int& wn, int& ks) {
-  const int64_t mv = M < TOK ? M : TOK;
-  const int64_t chunks = (M + TOK - 1) / TOK;
-  const int64_t slots = 2 * int64_t(sms);
-  const int64_t steps = (K + 31) / 32;
-  if (wn <= 0) {
-    wn = mv <= 4 ? 1 : mv <= 8 ? 2 : mv <= 16 ? 4 : 8;
-    if (!clusters || ks == 1)
-      while (wn > 1 && ((N + 16 * wn - 1) / (16 * wn)) * chunks * 4 < slots * 3) wn /= 2;
-  }
-  if (ks <= 0) {
-    ks = 1;
-    if (clusters) {
-      const int64_t ctas = ((N + 16 * wn - 1) / (16 * wn)) * chunks;
-      const int wk = kWarps / wn;
-      // at least 8 steps (256 k) per warp, so the W ring fills and the reduction stays small
-      while (ks < 8 && ctas * ks * 4 < slots * 3 && steps / (int64_t(ks * 2) * wk) >= 8) ks *= 2;
-    }
-  }
-}
-
 template <typename T, int NT, bool kG>
 int launch(Params p, cudaStream_t s) {
   constexpr int TOK = 8 * NT;
@@ -444,7 +422,19 @@ int launch(Params p, cudaStream_t s) {
   static signed char capable[kMaxDevices];  // 0 unknown, 1 yes, -1 no
   if (capable[dev] == 0) capable[dev] = cluster_capable(kernel, dev) ? 1 : -1;
   const bool clusters = capable[dev] > 0;
-  auto_config(p.M, p.N, p.K, TOK, clusters, device_sms(dev), p.wn, p.ksplit);
+  // resident CTAs per SM of this instantiation (registers bound it: 2 at __launch_bounds__(256, 2));
+  // the smem of wn = 1 (the largest) is the conservative size
+  static signed char per_sm[kMaxDevices];
+  if (per_sm[dev] == 0) {
+    int n = 0;
+    const size_t smem1 = sizeof(float) * size_t(kWarps * TOK * (16 + 4) + kWarps * TOK + TOK);
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem1) != cudaSuccess || n <= 0) {
+      cudaGetLastError();
+      n = 2;
+    }
+    per_sm[dev] = static_cast<signed char>(n < 32 ? n : 32);
+  }
+  frms::decode_mma_auto_config(p.M, p.N, p.K, TOK, clusters, device_sms(dev), per_sm[dev], p.wn, p.ksplit);
   if (p.wn != 1 && p.wn != 2 && p.wn != 4 && p.wn != 8) return FRMS_ERR_BAD_ARG;
   if (p.ksplit < 1 || p.ksplit > kMaxKsplit) return FRMS_ERR_BAD_ARG;
   if (p.ksplit > 1 && !clusters) return FRMS_ERR_UNSUPPORTED;
