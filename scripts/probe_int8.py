@@ -1,20 +1,26 @@
 """H200 probe for the int8 GEMM work: correctness, then timings vs anchors in one process.
 
-    python scripts/probe_int8.py OUTDIR [--budget 140] [--quick] [--workers N]
+    python scripts/probe_int8.py OUTDIR [--budget 100] [--quick] [--workers N]
 
 Phases (budget-guarded; results are written whatever is left undone):
 1. compile: every candidate is launched once in parallel worker processes (Triton JIT into the
    shared on-disk cache), so the timing process mostly loads compiled kernels.
-2. host overhead at 2048^3: public API vs direct launch (G._launch with the table config) under
-   plain do_bench, the kernel under CUDA-graph replay (pure GPU time), and host microseconds per
-   call (enqueue rate, no sync) of int8_gemm_dequant_fwd and Int8Linear.forward.
-3. per shape group, in priority order (M=128 and M>=1024 LLM shapes, decode M in {1,16},
-   square 2048/4096/8192): correctness of each candidate (bf16 output vs float64 of the exact
-   int products; NaN or rel err > 2e-2 = FAIL, not timed), then timing next to the anchors
-   (bf16 F.linear / torch.matmul, torch._int_mm raw for M > 16). CUDA-graph replay with weight
-   copies rotated (no L2 reuse) for M <= 128, do_bench median otherwise.
-Writes OUTDIR/probe_int8.json (every number), OUTDIR/tuning_fragment_sm90.json (winners in
-tuning.json entry form) and prints the ratio table last.
+2. host overhead at 2048^3: public API vs direct launch under plain do_bench, the kernel under
+   CUDA-graph replay (pure GPU time), and host microseconds per call (enqueue rate, no sync) of
+   int8_gemm_dequant_fwd and Int8Linear.forward, each with the cached-kernel direct launch
+   (ops/_direct.py) on and off.
+3. per shape group, in priority order:
+   e2e   Int8Linear.forward (shipped defaults) at every LLM shape, M in {1, 16, 128, 1024, 4096}:
+         CUDA-graph replay (GPU time) and plain do_bench (what an eager caller sees, host gaps
+         included), direct launch on and off, host us per call, outputs of both paths compared.
+   nbhd  the 128x128x128 w4 s3 TMA tile ("T7", the sm90 default) and its neighbours at 4096^3,
+         8192^3 and the M in {1024, 4096} LLM shapes, next to the shipped table entry.
+   Correctness of each candidate first (bf16 output vs float64 of the exact int products; NaN or
+   rel err > 2e-2 = FAIL, not timed), then timing next to the anchors (bf16 F.linear,
+   torch._int_mm raw). CUDA-graph replay with weight copies rotated (no L2 reuse) for M <= 128,
+   do_bench median otherwise.
+Writes OUTDIR/probe_int8.json (every number), OUTDIR/tuning_fragment_sm90.json (the fastest gemm
+config per shape in tuning.json entry form) and prints the tables last.
 
 Without a GPU: --dry-run on CPU under TRITON_INTERPRET=1 with tiny shapes (logic check only).
 """
@@ -40,6 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "packages" / "int8-gemm" / "src"))
 
 import int8_gemm  # noqa: E402
+from int8_gemm.ops import _direct  # noqa: E402
 from int8_gemm.ops import gemm as G  # noqa: E402
 from int8_gemm.ops import quantize as Q  # noqa: E402
 
@@ -51,94 +58,60 @@ def c(bm, bn, bk, g, sk, w, s, **kw):
     return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=g, SPLIT_K=sk, num_warps=w, num_stages=s, **kw)
 
 
-# Large tiles: TMA kernel (compiled once, shared by every large shape).
-TMA_CANDS = {
-    "T1 128x256 s4 P1": c(128, 256, 128, 8, 1, 8, 4, TMA=1, PERSISTENT=1),
-    "T2 128x256 s4 P1 epi2": c(128, 256, 128, 8, 1, 8, 4, TMA=1, PERSISTENT=1, EPI_SPLIT=2),
-    "T3 128x256 s4 P1 ws": c(128, 256, 128, 8, 1, 8, 4, TMA=1, PERSISTENT=1, WARP_SPEC=1),
-    "T4 128x256 s3 P1 epi2": c(128, 256, 128, 8, 1, 8, 3, TMA=1, PERSISTENT=1, EPI_SPLIT=2),
-    "T5 256x128 s3 epi2": c(256, 128, 128, 8, 1, 8, 3, TMA=1, EPI_SPLIT=2),
-    "T6 128x128 w8 s4 P2": c(128, 128, 128, 8, 1, 8, 4, TMA=1, PERSISTENT=2),
-    "T7 128x128 w4 s3": c(128, 128, 128, 8, 1, 4, 3, TMA=1),
-    "T8 128x256x64 s6 P1 epi2": c(128, 256, 64, 8, 1, 8, 6, TMA=1, PERSISTENT=1, EPI_SPLIT=2),
-}
-# (128x256 split-K 2 spills 1.7 KB/thread on sm90 offline: not a candidate.)
-SPLIT_2048 = {"S2 128x128 w8 s4 sk2": c(128, 128, 128, 8, 2, 8, 4), "S3 64x128 w4 s5 sk2": c(64, 128, 128, 8, 2, 4, 5)}
-M128_CANDS = {
-    "C1 64x128 sk2 w4 s5": c(64, 128, 128, 8, 2, 4, 5),
-    "C2 128x128 TMA w8 s4": c(128, 128, 128, 8, 1, 8, 4, TMA=1),
-    "C3 64x64x256 w4 s4": c(64, 64, 256, 1, 1, 4, 4),
-    "C4 64x128 sk1 w4 s5": c(64, 128, 128, 8, 1, 4, 5),
-    "C5 64x256 TMA w4 s4": c(64, 256, 128, 8, 1, 4, 4, TMA=1),
-    "C6 128x64 w4 s5": c(128, 64, 128, 8, 1, 4, 5),
-    "C7 64x128x256 w4 s3": c(64, 128, 256, 8, 1, 4, 3),
-    "C8 128x128 sk2 w8 s4": c(128, 128, 128, 8, 2, 8, 4),
-    "C9 64x64 sk2 w4 s6 pf": c(64, 64, 128, 1, 2, 4, 6, PREFETCH=1),
-}
-DECODE_CANDS = {
-    "D1 16x64x256 auto pf": c(16, 64, 256, 1, 0, 4, 4, PREFETCH=1),
-    "D2 16x128x256 auto pf": c(16, 128, 256, 1, 0, 4, 4, PREFETCH=1),
-    "D3 16x64x512 auto s3 pf": c(16, 64, 512, 1, 0, 4, 3, PREFETCH=1),
-    "D4 16x32x512 auto pf": c(16, 32, 512, 1, 0, 4, 4, PREFETCH=1),
-    "D5 16x64x128 auto s8": c(16, 64, 128, 1, 0, 4, 8),
-    "D6 16x128x128 auto w8 s5 pf": c(16, 128, 128, 1, 0, 8, 5, PREFETCH=1),
-}
 LLM_NK = ((4096, 4096), (14336, 4096), (4096, 14336))
 TUNE_BUCKETS = ((1, 8), (9, 16), (17, 64), (65, 256), (257, 1024), (1025, 1 << 62))
 
 
+# Neighbourhood of T7 (128x128x128, 4 warps, 3 stages, TMA): the sm90 default since the last probe.
+NBHD_CANDS = {
+    "T7 128x128x128 w4 s3": c(128, 128, 128, 8, 1, 4, 3, TMA=1),
+    "N1 128x128x128 w4 s4": c(128, 128, 128, 8, 1, 4, 4, TMA=1),
+    "N2 128x128x128 w4 s3 g16": c(128, 128, 128, 16, 1, 4, 3, TMA=1),
+    "N3 128x128x64 w4 s4": c(128, 128, 64, 8, 1, 4, 4, TMA=1),
+    "N4 128x128x64 w4 s5": c(128, 128, 64, 8, 1, 4, 5, TMA=1),
+    "N5 128x256x64 w8 s3": c(128, 256, 64, 8, 1, 8, 3, TMA=1),
+    "N6 128x128x128 w4 s3 P1": c(128, 128, 128, 8, 1, 4, 3, TMA=1, PERSISTENT=1),
+    "N7 128x128x128 w8 s3": c(128, 128, 128, 8, 1, 8, 3, TMA=1),
+}
+E2E_M = (1, 16, 128, 1024, 4096)
+
+
 def candidate_sets(quick: bool = False, dry: bool = False):
     """(group, (M, N, K), cfg, mode) for every candidate; cfg None = the shipped table's config.
-    mode: gemm (pre-quantized x), two (quantize kernel + GEMM), pdl (quantize + PDL GEMM),
-    fused (quantization inside the GEMM), module (Int8Linear.forward, shipped defaults)."""
+    mode: gemm (pre-quantized x, G._launch with cfg; cfg None = public API), e2e (Int8Linear.forward
+    with the shipped defaults, direct launch on and off)."""
     if dry:
         t = c(32, 32, 32, 2, 1, 4, 1)
         return [
-            ("m128", (40, 48, 64), None, "gemm"),
-            ("m128", (40, 48, 64), dict(t, SPLIT_K=2), "gemm"),
-            ("m128", (40, 48, 64), dict(t, TMA=1, EPI_SPLIT=2), "gemm"),
-            ("m128", (40, 48, 64), None, "module"),
-            ("decode", (1, 48, 64), None, "gemm"),
-            ("decode", (1, 48, 64), c(16, 32, 32, 1, 0, 4, 1, PREFETCH=1), "gemm"),
-            ("decode", (1, 48, 64), c(16, 32, 32, 1, 0, 4, 1, PREFETCH=1), "fused"),
-            ("decode", (1, 48, 64), c(16, 32, 32, 1, 0, 4, 1, PREFETCH=1), "pdl"),
-            ("decode", (1, 48, 64), None, "module"),
-            ("square", (64, 64, 64), None, "gemm"),
-            ("square", (64, 64, 64), dict(t, TMA=1, PERSISTENT=1), "gemm"),
+            ("e2e", (1, 48, 64), None, "e2e"),
+            ("e2e", (40, 48, 64), None, "e2e"),
+            ("nbhd", (40, 48, 64), None, "gemm"),
+            ("nbhd", (40, 48, 64), dict(t, TMA=1), "gemm"),
+            ("nbhd", (40, 48, 64), dict(t, TMA=1, PERSISTENT=1), "gemm"),
+            ("nbhd", (64, 64, 64), dict(t, TMA=1, EPI_SPLIT=2), "gemm"),
         ]
     out = []
-    for n, k in LLM_NK:  # priority 2: M=128 (below 1.0x end to end at 4096^2)
-        out += [("m128", (128, n, k), None, "gemm"), ("m128", (128, n, k), None, "module")]
-        out += [("m128", (128, n, k), cfg, "gemm") for cfg in M128_CANDS.values()]
-    for m in (1024, 4096):  # M >= 1024: host overhead was the problem; check kernels + e2e
-        for n, k in LLM_NK if not quick else LLM_NK[:2]:
-            out += [("large", (m, n, k), None, "gemm"), ("large", (m, n, k), None, "module")]
-            out += [("large", (m, n, k), TMA_CANDS[x], "gemm") for x in ("T1 128x256 s4 P1", "T2 128x256 s4 P1 epi2")]
-            out += [("large", (m, n, k), TMA_CANDS[x], "gemm") for x in ("T3 128x256 s4 P1 ws", "T5 256x128 s3 epi2")]
-    for m in (1, 16):  # priority 3: decode
+    for m in E2E_M:  # priority 1: end to end (the M=1024 anomaly; host cost of eager calls)
         for n, k in LLM_NK:
-            shape = (m, n, k)
-            out += [("decode", shape, None, "gemm"), ("decode", shape, None, "module")]
-            out += [("decode", shape, cfg, "gemm") for cfg in DECODE_CANDS.values()]
-            table_pf = dict(G._table().lookup("sm90", M=m, N=n, K=k, b_kmajor=True), PREFETCH=1)
-            out += [("decode", shape, table_pf, "gemm"), ("decode", shape, table_pf, "two")]
-            out += [("decode", shape, table_pf, "pdl"), ("decode", shape, table_pf, "fused")]
-            out += [("decode", shape, DECODE_CANDS["D1 16x64x256 auto pf"], mode) for mode in ("pdl", "fused")]
-    for s in (2048, 4096, 8192):  # priority 4: square
-        out.append(("square", (s, s, s), None, "gemm"))
-        out += [("square", (s, s, s), cfg, "gemm") for cfg in TMA_CANDS.values()]
-        if s == 2048:
-            out += [("square", (s, s, s), cfg, "gemm") for cfg in SPLIT_2048.values()]
+            out.append(("e2e", (m, n, k), None, "e2e"))
+    shapes = [(s, s, s) for s in (4096, 8192)] + [(m, n, k) for m in (1024, 4096) for n, k in LLM_NK]
+    if quick:
+        shapes = shapes[:4]
+    for shape in shapes:  # priority 2: the T7 neighbourhood
+        M, N, K = shape
+        table = G._table().lookup("sm90", M=M, N=N, K=K, b_kmajor=True)
+        if table not in NBHD_CANDS.values():
+            out.append(("nbhd", shape, None, "gemm"))
+        out += [("nbhd", shape, cfg, "gemm") for cfg in NBHD_CANDS.values()]
     return out
 
 
 def cfg_name(cfg) -> str:
     if cfg is None:
         return "table"
-    for d in (TMA_CANDS, SPLIT_2048, M128_CANDS, DECODE_CANDS):
-        for k, v in d.items():
-            if v == cfg:
-                return k
+    for k, v in NBHD_CANDS.items():
+        if v == cfg:
+            return k
     s = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} sk{SPLIT_K} w{num_warps} s{num_stages}".format(**cfg)
     extra = [k for k in ("TMA", "PERSISTENT", "EPI_SPLIT", "WARP_SPEC", "PREFETCH") if cfg.get(k)]
     return s + ("".join(f" {k}{cfg[k]}" for k in extra))
@@ -179,7 +152,7 @@ class Shape:
                 fs.append(lambda wt=wt, sb=sb: int8_gemm.int8_gemm_dequant_fwd(a, wt, self.sa, sb, out_dtype=OUT_DTYPE))
             elif mode == "gemm":
                 fs.append(lambda wt=wt, sb=sb: G._launch(a, wt, self.sa, sb, None, OUT_DTYPE, cfg))
-            elif mode == "module":
+            elif mode in ("module", "e2e"):
                 fs.append(lambda mod=mod: mod(x))
             elif mode == "two":
                 fs.append(lambda wt=wt, sb=sb: _two(x, wt, sb, cfg, False))
@@ -193,7 +166,7 @@ class Shape:
 
     def ref(self, mode):
         """float64 reference for copy 0: exact int products, scaled (x quantized by the torch path)."""
-        key = "x" if mode in ("module", "two", "pdl", "fused") else "a"
+        key = "x" if mode in ("module", "e2e", "two", "pdl", "fused") else "a"
         if key not in self._ref:
             if key == "x":
                 q, s = Q._quantize_rows_torch(self.x)
@@ -299,6 +272,45 @@ def check(sh: Shape, cfg, mode, gpu) -> tuple[bool, float]:
     return err <= 2e-2, err
 
 
+DIRECT_DEFAULT = _direct.ENABLED
+
+
+def host_us(f, n, gpu) -> float:
+    """Host microseconds per call: n calls back to back, no sync inside (best of 3)."""
+    f()
+    if gpu:
+        torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            f()
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+        if gpu:
+            torch.cuda.synchronize()
+    return round(best, 2)
+
+
+def e2e_record(sh, gpu: bool, rec: dict) -> None:
+    """Int8Linear.forward with shipped defaults: graph replay (GPU time) and plain do_bench (eager,
+    host gaps included), direct launch on and off; host us per call; both paths' outputs compared."""
+    fns = sh.fns(None, "e2e")
+    big = sh.M * sh.N * sh.K >= 2**34
+    n_host = 20 if not gpu else (50 if big else 200)
+    outs = {}
+    for on in (True, False):
+        _direct.ENABLED = on
+        tag = "on" if on else "off"
+        outs[tag] = fns[0]()
+        if on:
+            rec["graph_ms"] = bench(fns, True, gpu)
+        rec[f"do_bench_ms_direct_{tag}"] = bench(fns[:1], False, gpu)
+        rec[f"host_us_direct_{tag}"] = host_us(fns[0], n_host, gpu)
+    _direct.ENABLED = DIRECT_DEFAULT
+    rec["direct_equal"] = bool(torch.equal(outs["on"], outs["off"]))
+    rec["ms"] = rec["graph_ms"]
+
+
 def host_overhead(dev, gpu, dry):
     """2048^3: public API vs direct launch under plain do_bench, GPU-only time, host us per call."""
     s = 64 if dry else 2048
@@ -315,7 +327,7 @@ def host_overhead(dev, gpu, dry):
     res["int8linear_do_bench_ms"] = bench([mod], False, gpu)
     # host enqueue cost: N calls with no sync (the launch queue never fills at this N)
     d1 = Shape(1, 64 if dry else 4096, 64 if dry else 4096, dev, gpu=False)
-    for name, f in (
+    calls = (
         ("public_api_2048", public),
         ("direct_launch_2048", direct),
         ("int8linear_2048", mod),
@@ -324,28 +336,20 @@ def host_overhead(dev, gpu, dry):
             "public_api_M1_4096",
             lambda: int8_gemm.int8_gemm_dequant_fwd(d1.a, d1.w[0].t(), d1.sa, d1.sb[0], out_dtype=OUT_DTYPE),
         ),
-        ("torch_mm_bf16_2048", lambda: torch.mm(sh.x, sh.x)),
-    ):
-        f()
-        if gpu:
-            torch.cuda.synchronize()
-        n = 20 if dry else 200
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                f()
-            best = min(best, (time.perf_counter() - t0) / n * 1e6)
-            if gpu:
-                torch.cuda.synchronize()
-        res[f"host_us_{name}"] = round(best, 2)
+    )
+    for on in (True, False):
+        _direct.ENABLED = on
+        for name, f in calls:
+            res[f"host_us_{name}_direct_{'on' if on else 'off'}"] = host_us(f, 20 if dry else 200, gpu)
+    _direct.ENABLED = DIRECT_DEFAULT
+    res["host_us_torch_mm_bf16_2048"] = host_us(lambda: torch.mm(sh.x, sh.x), 20 if dry else 200, gpu)
     return res
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir")
-    ap.add_argument("--budget", type=float, default=140.0, help="wall seconds for the whole probe")
+    ap.add_argument("--budget", type=float, default=100.0, help="wall seconds for the whole probe")
     ap.add_argument("--compile-share", type=float, default=0.4, help="fraction of the budget for the compile phase")
     ap.add_argument("--workers", type=int, default=min(12, max(1, (os.cpu_count() or 4) - 2)))
     ap.add_argument("--quick", action="store_true")
@@ -420,7 +424,11 @@ def main() -> None:
             ok, err = check(sh, cfg, mode, gpu)
             rec = dict(group=group, shape=shape, cfg=cfg, name=cfg_name(cfg), mode=mode, ok=ok, rel_err=err)
             if ok:
-                ms = bench(sh.fns(cfg, mode), small, gpu)
+                if mode == "e2e":
+                    e2e_record(sh, gpu, rec)
+                    ms = rec["ms"]
+                else:
+                    ms = bench(sh.fns(cfg, mode), small, gpu)
                 rec["ms"] = ms
                 rec["tops"] = 2 * M * N * K / ms / 1e9
                 rec["vs_bf16"] = anchors[shape]["bf16 F.linear"] / ms
@@ -431,6 +439,7 @@ def main() -> None:
             msg = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             recs.append(dict(group=group, shape=shape, cfg=cfg, name=cfg_name(cfg), mode=mode, ok=False, error=msg))
             print(f"  ERROR {group} {shape} {cfg_name(cfg)} {mode}: {recs[-1]['error']}", flush=True)
+            _direct.ENABLED = DIRECT_DEFAULT
             if gpu:
                 torch.cuda.synchronize()
     results["skipped_for_budget"] = skipped
@@ -486,9 +495,24 @@ def print_table(recs, results):
     for k, v in ho.items():
         if k not in ("config",):
             print(f"  {k}: {v}")
+    e2e = [r for r in recs if r.get("mode") == "e2e" and "graph_ms" in r]
+    if e2e:
+        print("\n== Int8Linear.forward end to end (shipped defaults; us) ==")
+        print("| M N K | graph | do_bench direct on | off | host us on | off | on == off | graph vs bf16 |")
+        print("|---|---:|---:|---:|---:|---:|---|---:|")
+        for r in e2e:
+            us = [r["graph_ms"] * 1e3, r["do_bench_ms_direct_on"] * 1e3, r["do_bench_ms_direct_off"] * 1e3]
+            us += [r["host_us_direct_on"], r["host_us_direct_off"]]
+            print(
+                f"| {' '.join(map(str, r['shape']))} | "
+                + " | ".join(f"{v:.1f}" for v in us)
+                + f" | {r['direct_equal']} | {r.get('vs_bf16', 0):.2f}x |"
+            )
     print("\n| group | M N K | impl | mode | ms | TOPS | vs bf16 | vs _int_mm | rel err |")
     print("|---|---|---|---|---:|---:|---:|---:|---:|")
     for r in recs:
+        if r.get("mode") == "e2e" and "graph_ms" in r:
+            continue
         sh = " ".join(map(str, r["shape"]))
         if r.get("ms") is None:
             print(f"| {r['group']} | {sh} | {r['name']} | {r['mode']} | {'FAIL' if r.get('ok') is False else 'skip'} "

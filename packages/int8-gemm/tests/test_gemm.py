@@ -409,3 +409,158 @@ def test_prefetch_and_pdl_gpu(M, N, K, split_k):
         g.replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(out, run(False)[0], rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Direct launch of the cached compiled kernel (ops/_direct.py)
+# ----------------------------------------------------------------------------------------------
+
+
+class _FakeCompiled:
+    function = 7
+    packed_metadata = ("md",)
+
+    def __init__(self, fail):
+        self.fail, self.calls = fail, []
+
+    def run(self, *a):
+        if self.fail:
+            raise RuntimeError("launcher signature changed")
+        self.calls.append(a)
+
+
+class _FakeJit:
+    """fn[grid](*args, **kw) records a normal launch and returns the 'compiled kernel'."""
+
+    def __init__(self, fail):
+        self.k, self.normal = _FakeCompiled(fail), 0
+
+        def fn(a, b, X: int = 3, Y: int = 4):
+            pass
+
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        def go(*args, **kw):
+            self.normal += 1
+            return self.k
+
+        return go
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_direct_launch_state_machine(fail, monkeypatch):
+    """First call normal + capture; then direct (constexpr tail in signature order, 3-D grid), or on a
+    failing first direct launch the normal path for good; a different alignment key goes normal."""
+    from int8_gemm.ops import _direct
+
+    monkeypatch.setattr(_direct, "ENABLED", True)
+    monkeypatch.setattr(
+        _direct,
+        "_knobs",
+        type(
+            "K",
+            (),
+            {
+                "runtime": type(
+                    "R",
+                    (),
+                    {
+                        "launch_enter_hook": type("H", (), {"calls": []})(),
+                        "launch_exit_hook": type("H", (), {"calls": []})(),
+                    },
+                )
+            },
+        ),
+    )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 99, raising=False)
+    fj, d = _FakeJit(fail), _direct.Direct()
+    for _ in range(4):
+        _direct.launch(d, fj, (5, 2), ("A", "B"), dict(Y=9, num_warps=4), (0,))
+    if fail:
+        assert fj.normal == 4 and d.state == _direct._OFF and "launcher" in d.error
+    else:
+        assert fj.normal == 1 and d.state == _direct._PROVEN
+        assert len(fj.k.calls) == 3
+        assert fj.k.calls[0][:5] == (5, 2, 1, 99, 7) and fj.k.calls[0][9:] == ("A", "B", 3, 9)
+        _direct.launch(d, fj, (5, 2), ("A", "B"), dict(Y=9, num_warps=4), (8,))  # misaligned: normal path
+        assert fj.normal == 2 and len(fj.k.calls) == 3
+        monkeypatch.setattr(_direct, "ENABLED", False)  # kill switch
+        _direct.launch(d, fj, (5, 2), ("A", "B"), dict(Y=9, num_warps=4), (0,))
+        assert fj.normal == 3
+
+
+def _direct_cases():
+    t = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, SPLIT_K=1, num_warps=4, num_stages=3)
+    sk = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, SPLIT_K=4, num_warps=4, num_stages=3)
+    return {
+        "table": (1000, 1000, 1008, None),
+        "tma": (1024, 4096, 4096, dict(t, TMA=1)),
+        "tma_persistent_epi2": (1000, 1000, 1008, dict(t, TMA=1, PERSISTENT=1, EPI_SPLIT=2, BLOCK_N=256, num_warps=8)),
+        "splitk_fused": (16, 1000, 5000, sk),
+        "splitk_two_kernel": (16, 1000, 5000, dict(sk, FUSED_REDUCE=False)),
+        "pointer": (200, 300, 1000, dict(t, BLOCK_M=64)),
+    }
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(_direct_cases()))
+def test_direct_launch_matches_normal_gpu(case, monkeypatch):
+    """Direct and normal launch give bit-identical outputs (eager, misaligned operand, CUDA graph)."""
+    from int8_gemm.ops import _direct
+    from int8_gemm.ops import quantize as qmod
+
+    M, N, K, cfg = _direct_cases()[case]
+    torch.manual_seed(26)
+    A, W = _rand_i8(M, K, device="cuda"), _rand_i8(N, K, device="cuda")
+    sa = torch.rand(M, device="cuda") * 1e-3 + 1e-4
+    sb = torch.rand(N, device="cuda") * 1e-3 + 1e-4
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+
+    def f(a):
+        y = gmod._launch(a, W.t(), sa, sb, bias, torch.bfloat16, cfg)
+        q, s = qmod._launch_quantize_rows(x)
+        return y, q, s
+
+    def fresh():
+        gmod._PLANS.clear()
+        qmod._QPLANS.clear()
+
+    monkeypatch.setattr(_direct, "ENABLED", False)
+    fresh()
+    ref = [t.clone() for t in f(A)]
+    ref_deq = (A.double() @ W.double().t()) * sa.double()[:, None] * sb.double()[None, :] + bias.double()
+    torch.testing.assert_close(ref[0].double(), ref_deq, rtol=1.6e-2, atol=1.6e-2 * ref_deq.abs().max().item())
+    monkeypatch.setattr(_direct, "ENABLED", True)
+    fresh()
+    for _ in range(3):  # capture, first direct launch, proven direct launch
+        for o, r in zip(f(A), ref):
+            assert torch.equal(o, r)
+    states = [p.dl.state for p in gmod._PLANS.values()] + [p[2].state for p in qmod._QPLANS.values()]
+    assert states and all(s == _direct._PROVEN for s in states), states
+    # same shape and strides, 1-byte-misaligned base: the alignment guard must take the normal path
+    buf = torch.empty(M * K + 16, dtype=torch.int8, device="cuda")
+    A_mis = buf[1 : 1 + M * K].view(M, K)
+    A_mis.copy_(A)
+    assert torch.equal(f(A_mis)[0], ref[0])
+    # CUDA graph: capture the direct launches, replay on new inputs, compare with the normal path
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        f(A)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            outs = f(A)
+    for _ in range(3):
+        A.random_(-127, 128)
+        x.normal_()
+        g.replay()
+        torch.cuda.synchronize()
+        monkeypatch.setattr(_direct, "ENABLED", False)
+        exp = f(A)
+        monkeypatch.setattr(_direct, "ENABLED", True)
+        for o, r in zip(outs, exp):
+            assert torch.equal(o, r)

@@ -40,6 +40,7 @@ except ImportError:  # pragma: no cover
     _TensorDescriptor = None
 
 from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend, use_registered_op
+from . import _direct
 from .quantize import MIN_ABSMAX, _rne
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.int32)
@@ -589,7 +590,11 @@ class _Plan:
     the config, grid, split-K and the constexpr/launch keyword arguments. Built once per key, so a
     repeated call (every decode step) does no config lookup or arithmetic, only the launch."""
 
-    __slots__ = ("kind", "grid", "kw", "split_k", "fused", "num_tiles", "tma", "reduce_grid", "cfg", "key")
+    __slots__ = ("kind", "grid", "kw", "split_k", "fused", "num_tiles", "tma", "reduce_grid", "cfg", "key", "dl", "dl2")
+
+    def __init__(self) -> None:
+        self.dl = _direct.Direct()  # direct launch of the main kernel (ops/_direct.py)
+        self.dl2 = _direct.Direct()  # ... and of the split-K reduction kernel
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -736,13 +741,14 @@ def _launch(
     if p.kind == "tma":
         if _tma_ok(A, B):
             bm, bn, bk, progs = p.tma
-            _int8_gemm_tma_kernel[p.grid](
+            args = (
                 _TensorDescriptor(A, [M, K], [A.stride(0), 1], [bm, bk]),
                 _TensorDescriptor(B.t(), [N, K], [B.stride(1), 1], [bn, bk]),  # the (N, K) weight
                 out, sa_t, sb_t, bias_t, M, N, K, out.stride(0), out.stride(1),
                 0 if sa is None else sa.stride(0), 0 if sb is None else sb.stride(0), progs,
-                **p.kw,
             )  # fmt: skip
+            align = (sa_t.data_ptr() % 16, sb_t.data_ptr() % 16, bias_t.data_ptr() % 16, bias_t.dtype)
+            _direct.launch(p.dl, _int8_gemm_tma_kernel, p.grid, args, p.kw, align)
             return out
         # misaligned operands of a TMA-configured shape: the pointer kernel, same tiles
         cfg_nt = {k: v for k, v in p.cfg.items() if k not in ("TMA", "PERSISTENT", "EPI_SPLIT", "WARP_SPEC")}
@@ -754,18 +760,25 @@ def _launch(
             p = _make_plan(A, B, sa, sb, bias, out_dtype, p.cfg, quant_a, pdl, allow_fused=False)
             counters = dummy
     ws = torch.empty((p.split_k, M, N), dtype=torch.int32, device=A.device) if p.split_k > 1 else dummy
-    _int8_gemm_kernel[p.grid](
+    args = (
         A, B, out, ws, counters, sa_t, sb_t, bias_t, M, N, K,
         A.stride(0), A.stride(1), B.stride(0), B.stride(1), out.stride(0), out.stride(1),
         0 if sa is None else sa.stride(0), 0 if sb is None else sb.stride(0),
-        **p.kw,
     )  # fmt: skip
+    # pointer alignment + bias dtype: the specialization facts the plan key does not pin
+    align = (
+        A.data_ptr() % 16, B.data_ptr() % 16, counters.data_ptr() % 16,
+        sa_t.data_ptr() % 16, sb_t.data_ptr() % 16, bias_t.data_ptr() % 16, bias_t.dtype,
+    )  # fmt: skip
+    _direct.launch(p.dl, _int8_gemm_kernel, p.grid, args, p.kw, align)
     if p.reduce_grid is not None:
-        _splitk_reduce_kernel[p.reduce_grid](
-            ws, out, sa_t, sb_t, bias_t, M, N, out.stride(0), out.stride(1),
-            0 if sa is None else sa.stride(0), 0 if sb is None else sb.stride(0),
-            SPLIT_K=p.split_k, HAS_BIAS=bias is not None, OUT_INT32=out_dtype == torch.int32,
-            BLOCK_M=32, BLOCK_N=128, num_warps=4,
+        _direct.launch(
+            p.dl2, _splitk_reduce_kernel, p.reduce_grid,
+            (ws, out, sa_t, sb_t, bias_t, M, N, out.stride(0), out.stride(1),
+             0 if sa is None else sa.stride(0), 0 if sb is None else sb.stride(0)),
+            dict(SPLIT_K=p.split_k, HAS_BIAS=bias is not None, OUT_INT32=out_dtype == torch.int32,
+                 BLOCK_M=32, BLOCK_N=128, num_warps=4),
+            align[3:],
         )  # fmt: skip
     return out
 

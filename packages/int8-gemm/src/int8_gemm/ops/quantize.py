@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from .._common import Backend, check_tensor, select_backend, use_registered_op
+from . import _direct
 
 try:  # programmatic dependent launch (SM90+)
     from triton.language.extra.cuda import gdc_launch_dependents
@@ -150,14 +151,16 @@ def _launch_quantize_rows(
     if R == 0:
         return q, s
     interp = x2.device.type != "cuda"
-    key = (R, K, x2.stride(1) == 1, interp, max_one_pass, pdl)
+    # the strides are in the key: Triton specializes integer arguments (== 1, multiple of 16)
+    key = (R, K, x2.stride(0), x2.stride(1), x2.dtype, x2.device, interp, max_one_pass, pdl)
     plan = _QPLANS.get(key)
     if plan is None:
         if len(_QPLANS) > 4096:
             _QPLANS.clear()
-        plan = _QPLANS[key] = _quantize_plan(R, K, x2.stride(1) == 1, interp, max_one_pass, pdl)
-    grid, kw = plan
-    _quantize_rows_kernel[grid](x2, q, s, R, K, x2.stride(0), x2.stride(1), q.stride(0), **kw)
+        plan = _QPLANS[key] = _quantize_plan(R, K, x2.stride(1) == 1, interp, max_one_pass, pdl) + (_direct.Direct(),)
+    grid, kw, dl = plan
+    args = (x2, q, s, R, K, x2.stride(0), x2.stride(1), q.stride(0))
+    _direct.launch(dl, _quantize_rows_kernel, grid, args, kw, (x2.data_ptr() % 16,))
     return q, s
 
 
