@@ -3,12 +3,12 @@
     python scripts/probe_flash_bwd_decode.py OUTDIR [--budget 100]      # on the GPU (~100 s, compiles included)
     python scripts/probe_flash_bwd_decode.py OUTDIR --dry-run           # CPU: tiny shapes, interpreter
 
-Groups run bar-critical first: D128 causal N16k, full N16k, causal/full N4k, causal/full N1k, then D64 N4k.
+Groups run bar-critical first: D128 causal N16k, full N16k, causal/full N4k, D64 N4k, then D128 N1k.
 Per group: (1) correctness of every variant (bf16 grads vs an fp32 reference, B=1 H=16 N=2048, same kernel
 specializations as the timed N4k/N16k) -- a failing variant (rel err, NaN) is never timed; (2) our launcher vs
 SDPA FLASH (FA2) and cuDNN backward (autograd.grad on a kept graph), do_bench medians, same process.
 Variants: "old" = the shipped config with 64-bit offsets (the kernel before this change), "new" = shipped config
-(32-bit offsets), "tma" = + TMA Q/dO loads, "tma1" = + one causal loop, and two more TMA tiles.
+(32-bit offsets), "tma" = + TMA Q/dO loads, "tma1" = + one causal loop, and (D128, N >= 4k) two more TMA tiles.
 Writes OUTDIR/probe_bwd.json (all numbers) and OUTDIR/tuning_fragment.json (per-bucket winners, tuning.json
 format), prints a compact table last. Budget-guarded: when the budget is spent the rest is skipped, results written.
 (Decode and atomic-dQ were settled by the previous run of this probe.)
@@ -40,7 +40,7 @@ def bcfg(m1, n1, w, st, tma=0, one=0):
     return dict(BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_M2=n1, BLOCK_N2=m1, num_warps=w, num_stages=st, TMA=tma, ONE_LOOP=one)
 
 
-def variants_for(shipped: dict, causal: bool, gpu: bool) -> dict:
+def variants_for(shipped: dict, causal: bool, gpu: bool, explore: bool) -> dict:
     base = {k: v for k, v in shipped.items() if k not in ("TMA", "ONE_LOOP", "DQ_ATOMIC")}
     v = {
         "old": dict(base, TMA=0, ONE_LOOP=0, _OFF64=1),
@@ -52,6 +52,8 @@ def variants_for(shipped: dict, causal: bool, gpu: bool) -> dict:
     extra = {"tma-64x128-w8s3": bcfg(64, 128, 8, 3, 1), "tma-64x128-w8s2": bcfg(64, 128, 8, 2, 1)}
     if not gpu:
         extra = {"tma-16x32": bcfg(16, 32, 4, 1, 1)}
+    if not explore:  # extra tiles only where the bar is tight (each costs compiles)
+        extra = {}
     for name, c in extra.items():
         c = dict(c, ONE_LOOP=int(causal))
         if c not in v.values():
@@ -130,10 +132,8 @@ def main() -> None:
 
     # (D, causal, N), bar-critical first; B*N = 16k tokens, H*D = 2048
     if gpu:
-        groups = [(128, c, n) for n in (16384, 4096, 1024) for c in (True, False)] + [
-            (64, True, 4096),
-            (64, False, 4096),
-        ]
+        groups = [(128, c, n) for n in (16384, 4096) for c in (True, False)]
+        groups += [(64, True, 4096), (64, False, 4096), (128, True, 1024), (128, False, 1024)]
         tot, hd, nchk = 16384, 2048, 2048
     else:
         groups = [(32, True, 64), (32, False, 64)]
@@ -145,7 +145,7 @@ def main() -> None:
             continue
         scale = D**-0.5
         shipped = F.get_config("bwd", dev, D, causal, N, dt)
-        variants = variants_for(shipped, causal, gpu)
+        variants = variants_for(shipped, causal, gpu, explore=(D >= 128 and N >= 4096) or not gpu)
         # ---- correctness (per D, causal, variant config; cached across N) ----
         ok = checked.setdefault((D, causal), {})
         todo = {n: c for n, c in variants.items() if json.dumps(c, sort_keys=True) not in ok}
