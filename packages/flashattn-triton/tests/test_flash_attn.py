@@ -201,6 +201,30 @@ def test_backward_dq_modes_match_reference(shape, causal, atomic):
         _close(g, w.double(), 4e-3, name)
 
 
+@pytest.mark.parametrize("mode", ["off32", "off64", "tma", "tma-one-loop"])
+def test_backward_dkdv_load_paths(monkeypatch, mode):
+    """dK/dV kernel's Q/dO loads: 32-bit offsets (default), the 64-bit fallback, TMA descriptors (TMA=1;
+    head dim 24 < BLOCK_D and a ragged last query block exercise the descriptor zero-fill), and the single
+    masked causal loop (ONE_LOOP=1)."""
+    if select_backend(torch.device("cpu")) != Backend.INTERPRETER:
+        pytest.skip("launcher test needs TRITON_INTERPRET=1")
+    if mode == "off64":
+        monkeypatch.setattr(F, "_OFF32_LIMIT", 0)
+    B, H, Hkv, Nq, Nk, D = 1, 4, 2, 45, 39, 24
+    torch.manual_seed(19)
+    q, k, v, do = rand(B, H, Nq, D), rand(B, Hkv, Nk, D), rand(B, Hkv, Nk, D), rand(B, H, Nq, D)
+    dlse = torch.randn(B, H, Nq)
+    out, lse = F._forward_impl(q, k, v, True, D**-0.5, force_decode=False)
+    assert "tma" not in mode or F.bwd_tma_ok(q, do)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    cfg = dict(BLOCK_M1=16, BLOCK_N1=16, BLOCK_M2=16, BLOCK_N2=16, num_warps=4, num_stages=1)
+    cfg.update(TMA=int("tma" in mode), ONE_LOOP=int("one-loop" in mode))
+    F._backward_launch(do, q, k, v, out, lse, dlse, dq, dk, dv, True, D**-0.5, cfg)
+    want = F._torch_backward(do, q, k, v, out, lse, dlse, True, D**-0.5)
+    for name, g, w in zip(("dq", "dk", "dv"), (dq, dk, dv), want):
+        _close(g, w.double(), 4e-3, name)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_decode_tma_path_matches_pointer_path(monkeypatch, causal):
     """The TMA (tensor-descriptor) decode loop, run through the interpreter: ragged last split, GQA, Nq > 1."""
@@ -358,15 +382,18 @@ def test_gpu_decode_split_kv(L, nq):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("atomic", [False, True])
+@pytest.mark.parametrize("mode", ["split", "atomic", "tma", "tma-atomic", "tma-one-loop", "off64"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_backward_dq_modes(causal, atomic):
+def test_gpu_backward_dq_modes(monkeypatch, causal, mode):
     torch.manual_seed(4)
+    if mode == "off64":
+        monkeypatch.setattr(F, "_OFF32_LIMIT", 0)
     B, H, Hkv, N, D = 2, 8, 2, 1000, 128
     q, k, v, do = (rand(B, h, N, D, dtype=torch.bfloat16, device="cuda") for h in (H, Hkv, Hkv, H))
     out, lse = F._forward_impl(q, k, v, causal, D**-0.5, force_decode=False)
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-    cfg = dict(F.get_config("bwd", q.device, D, causal, N, q.dtype), DQ_ATOMIC=atomic)
+    cfg = dict(F.get_config("bwd", q.device, D, causal, N, q.dtype), DQ_ATOMIC="atomic" in mode)
+    cfg.update(TMA=int("tma" in mode), ONE_LOOP=int("one-loop" in mode))
     F._backward_launch(do, q, k, v, out, lse, None, dq, dk, dv, causal, D**-0.5, cfg)
     ref32 = lambda *a: ref_attention(*a, dtype=torch.float32)
     want = _grads(q.float(), k.float(), v.float(), causal, do.float(), impl=ref32)

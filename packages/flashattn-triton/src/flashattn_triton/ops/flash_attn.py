@@ -719,20 +719,32 @@ def _bwd_dkdv_block(
     seqlen_q,
     diag,
     qk2,
+    b32,
+    h32,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
     MASKED: tl.constexpr,
     DOT_PREC: tl.constexpr,
     DQ_ATOMIC: tl.constexpr,
+    OFF32: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     d_ok = _col_mask(offs_d, HEAD_DIM, BLOCK_D)
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         m_ok = offs_m < seqlen_q
-        rows = offs_m.to(tl.int64)
-        qt = tl.load(q_base + rows[None, :] * sqm + offs_d[:, None], mask=d_ok[:, None] & m_ok[None, :], other=0.0)
+        # OFF32 (host-checked: rows * stride of one head fit in int32): 32-bit offsets from the per-head base
+        # instead of 64-bit ones; the 64-bit address tiles of Q/dO made ptxas spill at the 64x128 tiles
+        if OFF32:
+            rows = offs_m
+        else:
+            rows = offs_m.to(tl.int64)
+        if TMA:  # q_base/do_base are 4-D (B, H, N, D) descriptors: rows past N and columns past D read as 0
+            qt = tl.trans(q_base.load([b32, h32, start_m, 0]).reshape(BLOCK_M, BLOCK_D))
+        else:
+            qt = tl.load(q_base + rows[None, :] * sqm + offs_d[:, None], mask=d_ok[:, None] & m_ok[None, :], other=0.0)
         # rows past the end get lse=+inf so p=0 there without an explicit mask
         lse2 = tl.load(l_base + offs_m, mask=m_ok, other=float("inf")) * 1.4426950408889634
         lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)  # rows that saw no key
@@ -740,7 +752,12 @@ def _bwd_dkdv_block(
         pt = tl.math.exp2(st - lse2[None, :])
         if MASKED:
             pt = tl.where(offs_m[None, :] + diag >= offs_n[:, None], pt, 0.0)
-        do = tl.load(do_base + rows[:, None] * sdom + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+        if TMA:
+            do = do_base.load([b32, h32, start_m, 0]).reshape(BLOCK_M, BLOCK_D)
+        else:
+            do = tl.load(
+                do_base + rows[:, None] * sdom + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :], other=0.0
+            )
         dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PREC)
         delta = tl.load(d_base + offs_m, mask=m_ok, other=0.0)
         dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
@@ -809,6 +826,9 @@ def _bwd_dkdv_kernel(
     VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
     DQ_ATOMIC: tl.constexpr,
+    OFF32: tl.constexpr = False,
+    TMA: tl.constexpr = False,
+    ONE_LOOP: tl.constexpr = False,
 ):
     """dK, dV for one KV block, summed over every query head of its GQA group (no scratch, no atomics).
     With DQ_ATOMIC it also adds its dQ share into an fp32 accumulator (5 GEMMs per tile instead of the
@@ -848,18 +868,26 @@ def _bwd_dkdv_kernel(
         mid = 0
     hi = seqlen_q
     rot = mid
+    # ONE_LOOP (causal): a single loop masking every block instead of a masked and an unmasked loop; two
+    # pipelined loops keep more scalars live (offline sm90: TMA 64x128 w8 s3 spills 188 B with two, 60 B with one)
+    tl.static_assert(not (ONE_LOOP and DQ_ATOMIC), "ONE_LOOP is for the split-dQ backward")
     if DQ_ATOMIC:
         n_blk = tl.cdiv(hi - mid, BLOCK_M)
         rot = mid + (pid_n % tl.maximum(n_blk, 1)) * BLOCK_M
         rot = tl.minimum(rot, hi)
     for g in range(0, GROUP):
-        h = (hk * GROUP + g).to(tl.int64)
-        q_base = Q + b64 * sqb + h * sqh + q_start * sqm
-        do_base = DO + b64 * sdob + h * sdoh + q_start * sdom
+        h32 = hk * GROUP + g
+        h = h32.to(tl.int64)
+        if TMA:  # host descriptors (never varlen): the block loads index them by (b, h, row)
+            q_base = Q
+            do_base = DO
+        else:
+            q_base = Q + b64 * sqb + h * sqh + q_start * sqm
+            do_base = DO + b64 * sdob + h * sdoh + q_start * sdom
         l_base = LSE + b64 * slb + h * slh + q_start
         d_base = DELTA + b64 * slb + h * slh + q_start
         dqa_base = DQA + b64 * sqab + h * sqah + q_start * sqam
-        if CAUSAL:
+        if CAUSAL and not ONE_LOOP:
             dk, dv = _bwd_dkdv_block(
                 dk,
                 dv,
@@ -880,12 +908,16 @@ def _bwd_dkdv_kernel(
                 seqlen_q,
                 diag,
                 qk2,
+                b,
+                h32,
                 HEAD_DIM,
                 BLOCK_M,
                 BLOCK_D,
                 True,
                 DOT_PREC,
                 DQ_ATOMIC,
+                OFF32,
+                TMA,
             )
         dk, dv = _bwd_dkdv_block(
             dk,
@@ -902,17 +934,21 @@ def _bwd_dkdv_kernel(
             sqam,
             offs_n,
             offs_d,
-            rot,
+            lo if ONE_LOOP else rot,
             hi,
             seqlen_q,
             diag,
             qk2,
+            b,
+            h32,
             HEAD_DIM,
             BLOCK_M,
             BLOCK_D,
-            False,
+            ONE_LOOP and CAUSAL,
             DOT_PREC,
             DQ_ATOMIC,
+            OFF32,
+            TMA,
         )
         if DQ_ATOMIC:
             dk, dv = _bwd_dkdv_block(
@@ -935,12 +971,16 @@ def _bwd_dkdv_kernel(
                 seqlen_q,
                 diag,
                 qk2,
+                b,
+                h32,
                 HEAD_DIM,
                 BLOCK_M,
                 BLOCK_D,
                 False,
                 DOT_PREC,
                 DQ_ATOMIC,
+                OFF32,
+                TMA,
             )
     dk = dk * sm_scale
     tl.store(
@@ -1617,6 +1657,15 @@ def _forward_impl(q, k, v, causal, sm_scale, force_decode=None):
     return out, lse
 
 
+_OFF32_LIMIT = 2**31  # tests lower it to force the 64-bit offset path
+
+
+def bwd_tma_ok(q: torch.Tensor, do: torch.Tensor) -> bool:
+    """Can the dK/dV kernel read Q and dO by TMA? Same rules as the forward (fwd_tma_ok): fp16/bf16, Hopper+,
+    4-D with unit last stride, 16-byte aligned base and 16-byte multiple strides."""
+    return fwd_tma_ok(q, q, q, do)
+
+
 def _backward_launch(
     do, q, k, v, out, lse, dlse, dq, dk, dv, causal, sm_scale, cfg, cu_q=None, cu_k=None, max_q=None, max_k=None
 ):
@@ -1669,12 +1718,22 @@ def _backward_launch(
         ZERO_DQ=dq_atomic,
     )
     prec = _dot_prec(q.dtype)
+    bm1 = cfg["BLOCK_M1"]
     num_n = triton.cdiv(Nk, cfg["BLOCK_N1"])
+    # TMA=1: Q and dO tiles of the dK/dV loop come by TMA (4-D host descriptors, no per-thread addresses)
+    tma = bool(cfg.get("TMA", 0)) and not varlen and bwd_tma_ok(q, do)
+    if tma:
+        qa, doa = (_TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, bm1, bd]) for t in (q, do))
+    else:
+        qa, doa = q, do
+    # 32-bit row offsets from the per-head base when a head's rows (plus one tile of slack) fit in int32
+    row_stride = max(st(q)[2], st(do)[2], st(dqa)[2], 1)
+    off32 = (Nq + bm1) * row_stride + bd < _OFF32_LIMIT
     _bwd_dkdv_kernel[(num_n * B * Hkv,)](
-        q,
+        qa,
         k,
         v,
-        do,
+        doa,
         lse,
         delta,
         dk,
@@ -1705,6 +1764,9 @@ def _backward_launch(
         VARLEN=varlen,
         DOT_PREC=prec,
         DQ_ATOMIC=dq_atomic,
+        OFF32=off32,
+        TMA=tma,
+        ONE_LOOP=bool(cfg.get("ONE_LOOP", 0)) and not dq_atomic,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
