@@ -5,6 +5,7 @@
 #
 # Stages (run in this order, any subset; probes first, as most need no extension build):
 #   probe  each script in $PROBES (space-separated PATH[:BUDGET]) as `python3 PATH OUTDIR/NAME [--budget B]`
+#          (APPLY merges their tuning fragments into the packages' tables, see below)
 #   tests  the GPU test suite (pytest -m gpu) over PYTEST_PATHS (default: every package + tests/)
 #   tune   scripts/tune_int8.py; later stages of the same run use the fresh table
 #   tune_rmsnorm  scripts/tune_rmsnorm.py (fused_rmsnorm kernel per M); the fresh table is used too
@@ -81,6 +82,18 @@ if has probe; then  # only fused-rmsnorm probes wait for the extension build
     [ "$spec" != "$p" ] && b=(--budget "${spec#*:}")
     case $n in *rmsnorm*) need_build ;; esac
     stage "$n" "${PROBE_LIMIT:-$LIMIT}" python3 "$p" "$W/$n" "${b[@]}"
+  done
+  # APPLY="FRAGMENT=TUNING ...": merge each probe's (correctness-gated) winners into a package's
+  # tuning.json before the later stages run; FRAGMENT is relative to OUTDIR, TUNING to the repo.
+  # The merged tables are copied to OUTDIR/applied/ so they can be committed with the results.
+  for pair in ${APPLY:-}; do
+    frag=$W/${pair%%=*}; tab=${pair#*=}
+    if [ -s "$frag" ]; then
+      python3 scripts/apply_tuning.py "$tab" "$frag" | tee -a "$W/summary.txt"
+      mkdir -p "$W/applied" && cp "$tab" "$W/applied/$(echo "$tab" | cut -d/ -f2)-tuning.json"
+    else
+      echo "apply: no $frag" | tee -a "$W/summary.txt"
+    fi
   done
 fi
 if has tests; then
