@@ -6,12 +6,14 @@ Needs the extension already built in place (``python -m fused_rmsnorm._build --i
 1. Correctness: M in {1,2,3,8,16,17,32} x (D,N) in {(4096,4096),(4096,14336),(2048,2048),(8192,8192)},
    bf16, through the public API (g applied in-kernel) and the folded-W' binding call (the modules'
    path), vs a float32 reference (rel err = max|y - ref| / max|ref| <= 1e-2; NaN fails). Every
-   (wn, ksplit) variant of the sweep is also checked at M in {1, 17, 32} on one shape; a variant
-   that fails is not timed.
+   (wn, ksplit) variant of the sweep is also checked at M in {1, 17, 32} on one shape, and every
+   (steps, ldpolicy) variant (8 W loads in flight per lane and / or plain W loads, compiled for
+   M <= 16 only) at M in {1, 3, 16}; a variant that fails is not timed.
 2. Timing (CUDA graph, one replay = one call per weight copy; the weight is rotated over enough
    copies that W never sits in the 50 MB L2, as in a real decode step): F.linear alone (the
    anchor), unfused F.rms_norm + F.linear, the functional API and the module (auto config), and the
-   (wn, ksplit) variants through the binding, M in {1,2,4,8,16,32} x the four shapes.
+   (wn, ksplit) variants through the binding, M in {1,2,4,8,16,32} x the four shapes, and the
+   (steps, ldpolicy) variants with the auto split for M <= 16.
    Extra (if the budget allows): the old CUDA-core decode kernel at M=1 through the functional and
    module call, with and without weight rotation (the 0.87x vs 0.73x question), and the CUTLASS
    GEMM path (config 2) that served M >= 2 before.
@@ -48,24 +50,47 @@ L2_BYTES = 50 * 2**20
 HBM_TBPS = 4.3  # measured copy bandwidth on this H200 (issue 5): the floor column uses it
 
 
-def variants(sm90: bool) -> list[tuple[int, int]]:
-    """(wn, ksplit); 0 = the kernel's heuristic. ksplit > 1 (clusters) only on sm_90."""
-    out = [(0, 0)]
+VARIANT_MAX_M = 16  # the (steps, ldpolicy) variants are compiled for <= 16 tokens per CTA
+LDPOLICY = {0: "evict_first", 1: "plain"}
+Variant = tuple[int, int, int, int]  # (wn, ksplit, steps, ldpolicy); 0 = the default / heuristic
+AUTO: Variant = (0, 0, 0, 0)
+
+
+def variants(sm90: bool) -> list[Variant]:
+    """The auto config, fixed (wn, ksplit) (ksplit > 1 = clusters, sm_90 only), then the (steps,
+    ldpolicy) variants with the auto split."""
+    out = [AUTO]
     for wn in (1, 2, 4, 8):
         for ks in (1, 2, 4, 8) if sm90 else (1,):
-            out.append((wn, ks))
+            out.append((wn, ks, 0, 0))
+    out += [(0, 0, 8, 0), (0, 0, 4, 1), (0, 0, 8, 1)]
     return out
 
 
-def vname(v: tuple[int, int]) -> str:
-    return "mma_auto" if v == (0, 0) else f"mma_wn{v[0]}_ks{v[1]}"
+def is_step_variant(v: Variant) -> bool:
+    return v[2:] != (0, 0)
 
 
-def sensible(v: tuple[int, int], M: int, D: int, N: int, sms: int) -> bool:
-    """Skip combinations that cannot be competitive (tiny grids or < 2 k-steps per warp)."""
-    if v == (0, 0):
+def vname(v: Variant) -> str:
+    n = "mma_auto" if v[:2] == (0, 0) else f"mma_wn{v[0]}_ks{v[1]}"
+    return n + (f"_s{v[2]}" + ("p" if v[3] else "") if is_step_variant(v) else "")
+
+
+def vconfig(v: Variant) -> dict:
+    cfg = {"path": "decode_mma", "wn": v[0], "ksplit": v[1]}
+    if is_step_variant(v):
+        cfg.update(steps=v[2] or 4, ldpolicy=LDPOLICY[v[3]])
+    return cfg
+
+
+def sensible(v: Variant, M: int, D: int, N: int, sms: int) -> bool:
+    """Skip combinations that cannot be competitive (tiny grids or < 2 k-steps per warp) or that the
+    binary lacks (step variants above 16 tokens)."""
+    if is_step_variant(v) and M > VARIANT_MAX_M:
+        return False
+    if v[:2] == (0, 0):
         return True
-    wn, ks = v
+    wn, ks = v[:2]
     tok = 8 if M <= 8 else 16 if M <= 16 else 32
     ctas = math.ceil(N / (16 * wn)) * ks * math.ceil(M / tok)
     steps = math.ceil(D / 32) / (ks * (8 // wn))
@@ -126,12 +151,12 @@ class Gpu:
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * g.float()) @ w.float().t()
 
-    def call(self, x, g, w, y, v: tuple[int, int], folded: bool):
+    def call(self, x, g, w, y, v: Variant, folded: bool):
         M, D = x.shape
         N = w.shape[0]
         self.mod.decode_mma(
             1, x.data_ptr(), x.stride(0) if M > 1 else D, 0 if folded else g.data_ptr(), w.data_ptr(), D, 0,
-            y.data_ptr(), N, M, N, D, EPS, v[0], v[1], torch.cuda.current_stream().cuda_stream,
+            y.data_ptr(), N, M, N, D, EPS, v[0], v[1], torch.cuda.current_stream().cuda_stream, v[2], v[3],
         )  # fmt: skip
 
     def graph_us(self, fns: list) -> float:
@@ -182,7 +207,7 @@ class MockGpu(Gpu):
     def call(self, x, g, w, y, v, folded):
         from fused_rmsnorm.ops.rmsnorm_linear import torch_reference
 
-        if v == (8, 8):  # pretend one variant is broken: it must be reported and skipped
+        if v[:2] == (8, 8):  # pretend one variant is broken: it must be reported and skipped
             y.fill_(float("nan"))
             return
         y.copy_(torch_reference(x, torch.ones_like(g) if folded else g, w, None, EPS))
@@ -226,7 +251,7 @@ def run_gpu(args, budget: Budget) -> dict:
         "notes": [],
     }
     vs = variants(gpu.sm90)
-    bad: set[tuple[int, int]] = set()
+    bad: set[Variant] = set()
 
     # ---- 1. correctness of the shipped (auto) config, functional and folded
     for D, N in shapes:
@@ -235,32 +260,38 @@ def run_gpu(args, budget: Budget) -> dict:
             ref = gpu.ref(x, g, w)
             y_fn = fused_rmsnorm.fused_rmsnorm_linear(x, g, w, eps=EPS)
             y = torch.full((M, N), float("nan"), device=gpu.dev, dtype=torch.bfloat16)
-            gpu.call(x, g, op.fold_weight(g, w), y, (0, 0), folded=True)
+            gpu.call(x, g, op.fold_weight(g, w), y, AUTO, folded=True)
             gpu.sync()
             e_fn, e_fo = rel_err(y_fn, ref), rel_err(y, ref)
             rec = {"D": D, "N": N, "M": M, "variant": "mma_auto", "err_fn": e_fn, "err_folded": e_fo}
             rec["ok"] = e_fn <= TOL and e_fo <= TOL
             out["check"].append(rec)
             if not rec["ok"]:
-                bad.add((0, 0))
-    # ---- every sweep variant on one shape (2048 x 2048), M in {1, 17, 32}
+                bad.add(AUTO)
+    # ---- every sweep variant on one shape (2048 x 2048): (wn, ksplit) at M in {1, 17, 32}, the
+    # (steps, ldpolicy) ones at M in {1, 3, 16} (functional and folded: different instances)
     D, N = shapes[-1] if args.mock else (2048, 2048)
-    for M in (1, 17, 32):
+    for M in (1, 3, 16, 17, 32):
         x, g, w = gpu.case(M, D, N, seed=100 + M)
         ref = gpu.ref(x, g, w)
+        wf = op.fold_weight(g, w)
         for v in vs[1:]:
-            y = torch.full((M, N), float("nan"), device=gpu.dev, dtype=torch.bfloat16)
-            try:
-                gpu.call(x, g, w, y, v, folded=False)
-                gpu.sync()
-                e = rel_err(y, ref)
-            except RuntimeError as ex:
-                e = float("inf")
-                out["notes"].append(f"{vname(v)} M={M}: {str(ex)[:200]}")
-            ok = e <= TOL
-            out["check"].append({"D": D, "N": N, "M": M, "variant": vname(v), "err_fn": e, "ok": ok})
-            if not ok:
-                bad.add(v)
+            if M not in ((1, 3, 16) if is_step_variant(v) else (1, 17, 32)):
+                continue
+            for folded in (False, True) if is_step_variant(v) else (False,):
+                y = torch.full((M, N), float("nan"), device=gpu.dev, dtype=torch.bfloat16)
+                try:
+                    gpu.call(x, g, wf if folded else w, y, v, folded=folded)
+                    gpu.sync()
+                    e = rel_err(y, ref)
+                except RuntimeError as ex:
+                    e = float("inf")
+                    out["notes"].append(f"{vname(v)} M={M}: {str(ex)[:200]}")
+                ok = e <= TOL
+                rec = {"D": D, "N": N, "M": M, "variant": vname(v), "folded": folded, "err_fn": e, "ok": ok}
+                out["check"].append(rec)
+                if not ok:
+                    bad.add(v)
     n_fail = sum(not r["ok"] for r in out["check"])
     print(f"correctness: {len(out['check']) - n_fail}/{len(out['check'])} ok; failing variants: "
           f"{sorted(vname(v) for v in bad) or 'none'} ({budget.left():.0f}s left)")  # fmt: skip
@@ -299,7 +330,7 @@ def run_gpu(args, budget: Budget) -> dict:
                         continue
                     if not budget.ok(3):
                         break
-                    for folded in (False, True) if v == (0, 0) else (False,):
+                    for folded in (False, True) if v == AUTO else (False,):
                         src = wfs if folded else ws
                         key = vname(v) + ("_folded" if folded else "")
                         fns = [partial(gpu.call, x, g, wi, yi, v, folded) for wi, yi in zip(src, ys)]
@@ -385,8 +416,9 @@ def run_dry(args, budget: Budget) -> dict:
             for v in vs:
                 if not sensible(v, M, D, N, 132):
                     continue
-                wn, ks = v if v != (0, 0) else (max(1, min(8, M // 4)), 2)
-                t[vname(v)] = floor * (1.02 + 0.01 * abs(wn - max(1, M // 4)) + 0.02 * ks) + 0.6 + 0.1 * ks
+                wn, ks = v[:2] if v[:2] != (0, 0) else (max(1, min(8, M // 4)), 2)
+                deep = 0.95 if v[2] == 8 and M <= 8 else 1.0  # pretend the deep ring wins at M <= 8
+                t[vname(v)] = (floor * (1.02 + 0.01 * abs(wn - max(1, M // 4)) + 0.02 * ks) + 0.6 + 0.1 * ks) * deep
             t["mma_auto_folded"] = t["mma_auto"] * 0.99
             t["api_fn"], t["api_module"] = t["mma_auto"] + 0.05, t["mma_auto_folded"] + 0.05
             out["time"].append({"D": D, "N": N, "M": M, "copies": 1, "floor_us": floor, "us": t})
@@ -408,17 +440,17 @@ def summarize(out: dict) -> dict:
         mma = {k: s for k, s in score.items() if k.startswith("mma_") and not k.endswith("_folded")}
         win = max(mma, key=mma.get) if mma else None
         per_m[M] = {"shapes": len(recs), "vs_flinear": score, "winner": win}
+    by_name = {vname(v): v for v in variants(True)}
     entries = []
     for M, (lo, hi) in BUCKETS.items():
         if M not in per_m or per_m[M]["winner"] is None:
             continue
         win, auto = per_m[M]["winner"], per_m[M]["vs_flinear"].get("mma_auto", 0.0)
-        # ship the heuristic unless a fixed split beats it by > 3% (geomean over the shapes)
+        # ship the heuristic unless another variant beats it by > 3% (geomean over the shapes)
         if win == "mma_auto" or per_m[M]["vs_flinear"][win] < 1.03 * auto:
-            cfg = {"path": "decode_mma", "wn": 0, "ksplit": 0}
+            cfg = vconfig(AUTO)
         else:
-            wn, ks = (int(p[2:]) for p in win.split("_")[1:3])
-            cfg = {"path": "decode_mma", "wn": wn, "ksplit": ks}
+            cfg = vconfig(by_name[win])
         if entries and entries[-1]["config"] == cfg and entries[-1]["match"]["M"][1] == lo - 1:
             entries[-1]["match"]["M"][1] = hi
         else:

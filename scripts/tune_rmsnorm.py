@@ -10,7 +10,9 @@ For M in {1, 2, 4, 8, 16, 32, 64, 128} and (D, N) in {(4096, 4096), (4096, 14336
    sits in the 50 MB L2 (a real decode step reads W from HBM),
 3. picks per M the candidate with the best geometric-mean time over the shapes.
 Candidates: the tensor-core decode kernel with its one-wave auto split, a few fixed (wn, ksplit)
-near one wave (ksplit > 1 = thread-block clusters, sm_90 only), the CUDA-core decode kernel where
+near one wave (ksplit > 1 = thread-block clusters, sm_90 only), for M <= 16 the kernel's compiled
+variants (steps = 8 W loads in flight per lane and / or plain instead of evict_first W loads, config
+keys "steps" / "ldpolicy") with the auto split, the CUDA-core decode kernel where
 there is no tensor-core one, and the CUTLASS GEMM tile configs for M >= 16.
 Consecutive M with the same winner become one {"match": {"M": [lo, hi]}} entry; M above the last
 timed M keep the shipped entries (clipped), so a sweep stopped by --budget (default 60 s, counted
@@ -44,6 +46,9 @@ SHAPES = [(4096, 4096), (4096, 14336), (2048, 2048), (8192, 8192)]
 MMA_MAX = 64  # decode kernels are candidates up to this M
 GEMM_MIN = 16  # GEMM configs from this M
 EXPLICIT_MAX = 32  # fixed (wn, ksplit) candidates up to this M (auto covers the rest)
+VARIANT_MAX = 16  # decode_mma (steps, ldpolicy) variants: compiled for <= 16 tokens per CTA only
+# (steps, ldpolicy) besides the default (4, evict_first), each tried with the one-wave auto split
+VARIANTS = [(8, "evict_first"), (4, "plain"), (8, "plain")]
 EPS = 1e-6
 TOL = 1e-2
 L2_BYTES = 50 * 2**20
@@ -59,6 +64,8 @@ def candidates(arch: str, M: int, has_mma: bool) -> list[dict]:
                 # the measured H200 winners of the four shapes (224-256 CTAs = one wave) and neighbours
                 pairs = [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (8, 2)] if arch == "sm90" else [(1, 1), (2, 1), (4, 1)]
                 c += [{"path": "decode_mma", "wn": w, "ksplit": k} for w, k in pairs]
+            if M <= VARIANT_MAX:
+                c += [{"path": "decode_mma", "wn": 0, "ksplit": 0, "steps": s, "ldpolicy": p} for s, p in VARIANTS]
         else:
             c.append({"path": "decode", "ksplit": 0, "grid_blocks": 0})
     if M >= GEMM_MIN:
@@ -71,7 +78,10 @@ def candidates(arch: str, M: int, has_mma: bool) -> list[dict]:
 
 def name(cfg: dict) -> str:
     if cfg["path"] == "decode_mma":
-        return "mma_auto" if cfg["wn"] == 0 and cfg["ksplit"] == 0 else f"mma_wn{cfg['wn']}_ks{cfg['ksplit']}"
+        n = "mma_auto" if cfg["wn"] == 0 and cfg["ksplit"] == 0 else f"mma_wn{cfg['wn']}_ks{cfg['ksplit']}"
+        if "steps" in cfg:
+            n += f"_s{cfg['steps']}" + ("p" if cfg["ldpolicy"] == "plain" else "")
+        return n
     if cfg["path"] == "decode":
         return "decode"
     return f"gemm{cfg['config']}"
@@ -190,7 +200,8 @@ class DryGpu:
         if cfg["path"] == "decode_mma":
             wn, ks = cfg["wn"], cfg["ksplit"]
             if wn == 0:
-                return w_us * (1.15 + 0.01 * M) + 2
+                deep = 0.9 if cfg.get("steps") == 8 and M <= 8 else 1.0  # pretend the deep ring helps M <= 8
+                return w_us * (1.15 + 0.01 * M) * deep + 2
             ctas = math.ceil(N / (16 * wn)) * math.ceil(M / 32) * ks
             return w_us * (1.15 + 0.01 * M) * (1.1 if ctas > 264 or ctas < 132 else 1.0) + 2 + ks
         if cfg["path"] == "decode":

@@ -21,9 +21,10 @@ The CUTLASS units are skipped (prefill then uses the torch GEMM) when the CUTLAS
 
 Cost on 2 CPU cores (nvcc 13.0): the full default-arch build is ~5.3 CPU-minutes (each SM90 tile
 config ~55-70 CPU-s for bf16+fp16, the SM80 GEMMs ~40 CPU-s, decode+rstd for 4 archs ~25 CPU-s,
-decode_mma ~10-13 CPU-s per arch, binding ~15 CPU-s), i.e. about 3.5 minutes wall. ``--check
---light`` instantiates one tile config and one dtype per GEMM family and decode_mma for the oldest
-and newest 8.0+ arch only (the same template code paths) for CI; its module is only a compile proof.
+decode_mma ~25-30 CPU-s per arch with its tuning variants, binding ~15 CPU-s), i.e. about 4 minutes
+wall. ``--check --light`` instantiates one tile config and one dtype per GEMM family and decode_mma
+for the oldest and newest 8.0+ arch only, its (steps, ldpolicy) variants for bf16 and 8 tokens only
+(the same template code paths) for CI; its module is only a compile proof.
 """
 
 from __future__ import annotations
@@ -205,6 +206,8 @@ def plan(archs: list[str], *, nvcc: str, light: bool = False, use_cutlass: bool 
     mma = [f"-gencode=arch=compute_{_num(a)},code=sm_{_num(a)}" for a in mma_archs]
     if mma_archs:
         mma.append(f"-gencode=arch=compute_{n_newest},code=compute_{n_newest}")
+    light_mma = ["-DFRMS_MMA_LIGHT"] if light else []  # the (steps, ldpolicy) variants for bf16, 8 tokens
+    mma += light_mma
     have_sm80 = cutlass is not None and any(_major(a) == 8 for a in archs)
     have_sm90 = cutlass is not None and any(_major(a) == 9 for a in archs)
     units = [Unit("decode", CSRC / "decode.cu", plain), Unit("rstd", CSRC / "rstd.cu", plain)]
@@ -237,6 +240,7 @@ def plan(archs: list[str], *, nvcc: str, light: bool = False, use_cutlass: bool 
                 f"-DFRMS_HAVE_SM80={int(have_sm80)}",
                 f"-DFRMS_HAVE_SM90={int(have_sm90)}",
                 f"-DFRMS_HAVE_MMA={int(bool(mma_archs))}",
+                *light_mma,
                 f'-DFRMS_ARCHS="{arch_str}"',
                 "-Xcompiler=-fvisibility=hidden",
             ],

@@ -40,6 +40,8 @@ void check(int status, const char* what) {
     msg += "CUTLASS failed to initialise or launch the GEMM";
   else if (status == FRMS_ERR_NOT_BUILT)
     msg += "this kernel was not compiled into the extension";
+  else if (status == FRMS_ERR_VARIANT)
+    msg += "this (steps, ldpolicy) variant is compiled only for M <= 16 (a --light build: bf16, M <= 8)";
   else if (status == FRMS_ERR_UNSUPPORTED)
     msg += "a K split across CTAs (ksplit > 1) needs thread-block clusters: an sm_90 device and a 9.0 build";
   else
@@ -84,19 +86,20 @@ PYBIND11_MODULE(_C, m) {
       "decode_mma",
       [](int dtype, std::uintptr_t x, int64_t ldx, std::uintptr_t g, std::uintptr_t w, int64_t ldw,
          std::uintptr_t bias, std::uintptr_t y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int wn,
-         int ksplit, std::uintptr_t stream) {
+         int ksplit, std::uintptr_t stream, int steps, int ldpolicy) {
 #if FRMS_HAVE_MMA
         check(frms_decode_mma(dtype, cptr(x), ldx, g ? cptr(g) : nullptr, cptr(w), ldw, bias ? cptr(bias) : nullptr,
-                              mptr(y), ldy, M, N, K, eps, wn, ksplit, mptr(stream)),
+                              mptr(y), ldy, M, N, K, eps, wn, ksplit, steps, ldpolicy, mptr(stream)),
               "decode_mma");
 #else
         check(FRMS_ERR_NOT_BUILT, "decode_mma");
 #endif
       },
-      "Tensor-core decode (sm_80+). g = 0: w is the folded W' = W * g. wn / ksplit: 0 = auto.",
+      "Tensor-core decode (sm_80+). g = 0: w is the folded W' = W * g. wn / ksplit: 0 = auto. steps: W loads in "
+      "flight per lane (0 = 4, or 8); ldpolicy: 0 = evict_first W loads, 1 = plain (non-defaults: M <= 16 only).",
       py::arg("dtype"), py::arg("x"), py::arg("ldx"), py::arg("g"), py::arg("w"), py::arg("ldw"), py::arg("bias"),
       py::arg("y"), py::arg("ldy"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("eps"), py::arg("wn"),
-      py::arg("ksplit"), py::arg("stream"));
+      py::arg("ksplit"), py::arg("stream"), py::arg("steps") = 0, py::arg("ldpolicy") = 0);
 
   m.def(
       "rstd",
@@ -147,6 +150,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("has_sm90_gemm", [] { return bool(FRMS_HAVE_SM90); });
   m.def("has_sm80_gemm", [] { return bool(FRMS_HAVE_SM80); });
   m.def("has_decode_mma", [] { return bool(FRMS_HAVE_MMA); });
+#ifdef FRMS_MMA_LIGHT
+  m.def("mma_variants_light", [] { return true; }, "decode_mma (steps, ldpolicy) variants built for bf16, M <= 8 only");
+#else
+  m.def("mma_variants_light", [] { return false; }, "decode_mma (steps, ldpolicy) variants built for bf16, M <= 8 only");
+#endif
   m.def("cuda_version", [] { return int(CUDART_VERSION); }, "CUDA runtime version the module was built with");
   m.attr("DTYPE_F16") = FRMS_DTYPE_F16;
   m.attr("DTYPE_BF16") = FRMS_DTYPE_BF16;

@@ -62,7 +62,10 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
   asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
   return pol;
 }
+// kEF == false: the plain read-only load (default L1 / L2 caching), a tuning alternative.
+template <bool kEF>
 __device__ __forceinline__ uint4 ld_w(const void* p, uint64_t pol) {
+  if (!kEF) return frms::ld_cached(p);
   uint4 v;
   asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
@@ -127,7 +130,8 @@ __device__ __forceinline__ void cluster_or_cta_sync(int ksplit) {
 }
 
 // U: steps of W in flight per lane (U * 32 bytes). NT: n8 token tiles. kG: scale x by g in-kernel.
-template <typename T, int NT, int U, bool kG>
+// kEF: W loads with L1::no_allocate + L2 evict_first (else plain ld.global.nc).
+template <typename T, int NT, int U, bool kG, bool kEF>
 __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(const Params p) {
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
@@ -221,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(const Params p)
   };
 
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  const uint64_t pol = evict_first_policy();
+  const uint64_t pol = kEF ? evict_first_policy() : 0;
   uint4 wa[U], wb[U];   // ring: slot u holds step i with i % U == u
   // x / g: with kXpf double-buffered one step ahead (slot i % 2; U is even, so i % 2 == u % 2),
   // else loaded at the start of each step (NT = 4: registers; its 8 warp columns share x in L1).
@@ -230,8 +234,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(const Params p)
   for (int u = 0; u < U; ++u) {
     wa[u] = wb[u] = zero;
     if (u < cnt_full) {
-      wa[u] = ld_w(pa + 32 * u, pol);
-      wb[u] = ld_w(pb + 32 * u, pol);
+      wa[u] = ld_w<kEF>(pa + 32 * u, pol);
+      wb[u] = ld_w<kEF>(pb + 32 * u, pol);
     }
   }
 #pragma unroll
@@ -264,8 +268,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(const Params p)
     }
     compute(wa[u], wb[u], xr[cur], gr[cur], ss_tag);
     if (i + U < cnt_full) {
-      wa[u] = ld_w(pa + 32 * (u + U), pol);
-      wb[u] = ld_w(pb + 32 * (u + U), pol);
+      wa[u] = ld_w<kEF>(pa + 32 * (u + U), pol);
+      wb[u] = ld_w<kEF>(pb + 32 * (u + U), pol);
     }
   };
 
@@ -288,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(const Params p)
 #pragma unroll
       for (int j = 0; j < NT; ++j) xs[j] = tail_ok ? frms::ld_cached(px0 + xoff[j] + o) : zero;
       const uint4 gv = kG && tail_ok ? frms::ld_cached(pg + o) : zero;
-      compute(tail_ok ? ld_w(pa + o, pol) : zero, tail_ok ? ld_w(pb + o, pol) : zero, xs, gv, ss_tag);
+      compute(tail_ok ? ld_w<kEF>(pa + o, pol) : zero, tail_ok ? ld_w<kEF>(pb + o, pol) : zero, xs, gv, ss_tag);
     }
   };
   if (do_ss)
@@ -410,14 +414,16 @@ bool cluster_capable(K kernel, int dev) {
   return major >= 9 && a.ptxVersion >= 90;
 }
 
-// W steps in flight per lane: 4 x 2 x 16 B (4 KB per warp; 64 KB per SM at 2 CTAs). Even: the x
-// double buffer's parity follows the ring slot.
+// Default W steps in flight per lane: 4 x 2 x 16 B (4 KB per warp; 64 KB per SM at 2 CTAs). Even:
+// the x double buffer's parity follows the ring slot. Tuning variants (NT <= 2 only, where the
+// registers allow; see frms_decode_mma): 8 steps, and/or plain W loads instead of evict_first.
 constexpr int kRing = 4;
+constexpr int kRingDeep = 8;
 
-template <typename T, int NT, bool kG>
+template <typename T, int NT, int U, bool kEF, bool kG>
 int launch(Params p, cudaStream_t s) {
   constexpr int TOK = 8 * NT;
-  auto kernel = decode_mma_kernel<T, NT, kRing, kG>;
+  auto kernel = decode_mma_kernel<T, NT, U, kG, kEF>;
   const int dev = current_device();
   static signed char capable[kMaxDevices];  // 0 unknown, 1 yes, -1 no
   if (capable[dev] == 0) capable[dev] = cluster_capable(kernel, dev) ? 1 : -1;
@@ -471,34 +477,63 @@ int launch(Params p, cudaStream_t s) {
   return int(cudaLaunchKernelEx(&cfg, kernel, p));
 }
 
+// The (U, kEF) instances compiled for NT tiles: the default (kRing, evict_first) for every NT; for
+// NT <= 2 also plain loads and the deep ring. The deep ring of NT = 2 with g in-kernel (functional
+// path) would spill (ptxas: 128 registers + 56 B of spills), so that combination runs kRing: steps is
+// a performance hint, never a correctness one. FRMS_MMA_LIGHT (CI compile check): the variants for
+// bf16 and 8 tokens only (every template path still compiles once).
+#ifdef FRMS_MMA_LIGHT
+template <typename T, int NT>
+constexpr bool kVariants = std::is_same<T, __nv_bfloat16>::value && NT == 1;
+#else
+template <typename T, int NT>
+constexpr bool kVariants = true;
+#endif
+
+template <typename T, int NT, bool kG>
+int launch_variant(const Params& p, int steps, bool ef, cudaStream_t s) {
+  if (steps == kRing && ef) return launch<T, NT, kRing, true, kG>(p, s);
+  if constexpr (NT <= 2 && kVariants<T, NT>) {
+    if constexpr (NT == 1 || !kG) {
+      if (steps == kRingDeep)
+        return ef ? launch<T, NT, kRingDeep, true, kG>(p, s) : launch<T, NT, kRingDeep, false, kG>(p, s);
+    }
+    return ef ? launch<T, NT, kRing, true, kG>(p, s) : launch<T, NT, kRing, false, kG>(p, s);
+  }
+  return FRMS_ERR_VARIANT;
+}
+
 template <typename T, bool kG>
-int launch_nt(const Params& p, cudaStream_t s) {
+int launch_nt(const Params& p, int steps, bool ef, cudaStream_t s) {
   const int64_t mv = p.M;  // rows per chunk: the smallest of 8 / 16 / 32 that covers M
-  if (mv <= 8) return launch<T, 1, kG>(p, s);
-  if (mv <= 16) return launch<T, 2, kG>(p, s);
-  return launch<T, 4, kG>(p, s);
+  if (mv <= 8) return launch_variant<T, 1, kG>(p, steps, ef, s);
+  if (mv <= 16) return launch_variant<T, 2, kG>(p, steps, ef, s);
+  return launch_variant<T, 4, kG>(p, steps, ef, s);
 }
 
 template <typename T>
-int launch_g(const Params& p, cudaStream_t s) {
-  return p.g ? launch_nt<T, true>(p, s) : launch_nt<T, false>(p, s);
+int launch_g(const Params& p, int steps, bool ef, cudaStream_t s) {
+  return p.g ? launch_nt<T, true>(p, steps, ef, s) : launch_nt<T, false>(p, steps, ef, s);
 }
 }  // namespace
 
 extern "C" int frms_decode_mma(int dtype, const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw,
                                const void* bias, void* y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps,
-                               int wn, int ksplit, void* stream) {
+                               int wn, int ksplit, int steps, int ldpolicy, void* stream) {
   if (M <= 0 || N <= 0) return 0;
   if (K <= 0 || K % frms::kVec || ldx % frms::kVec || ldw % frms::kVec) return FRMS_ERR_BAD_ARG;
   if (!frms::aligned16(x) || !frms::aligned16(w) || (g && !frms::aligned16(g))) return FRMS_ERR_BAD_ARG;
   if (wn != 0 && wn != 1 && wn != 2 && wn != 4 && wn != 8) return FRMS_ERR_BAD_ARG;
   if (ksplit < 0 || ksplit > kMaxKsplit) return FRMS_ERR_BAD_ARG;
+  if (steps == 0) steps = kRing;
+  if (steps != kRing && steps != kRingDeep) return FRMS_ERR_BAD_ARG;
+  if (ldpolicy != 0 && ldpolicy != 1) return FRMS_ERR_BAD_ARG;
   Params p{x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, wn, ksplit};
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   int st = FRMS_ERR_BAD_ARG;
   if (dtype == FRMS_DTYPE_F16)
-    st = launch_g<__half>(p, s);
+    st = launch_g<__half>(p, steps, ldpolicy == 0, s);
   else if (dtype == FRMS_DTYPE_BF16)
-    st = launch_g<__nv_bfloat16>(p, s);
+    st = launch_g<__nv_bfloat16>(p, steps, ldpolicy == 0, s);
   return st != 0 ? st : int(cudaGetLastError());
 }

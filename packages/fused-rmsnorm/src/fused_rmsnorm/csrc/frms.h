@@ -13,6 +13,7 @@
 #define FRMS_ERR_CUTLASS 100001
 #define FRMS_ERR_NOT_BUILT 100002
 #define FRMS_ERR_UNSUPPORTED 100003  // e.g. a K split across CTAs without thread-block clusters
+#define FRMS_ERR_VARIANT 100004      // a decode_mma (steps, ldpolicy) variant not compiled for this M
 
 extern "C" {
 
@@ -25,9 +26,11 @@ int frms_decode(int dtype, const void* x, int64_t ldx, const void* g, const void
 // Same op on tensor cores (sm_80+, decode_mma.cu): W rows are the MMA's M, tokens its N.
 // g == nullptr: w is already W' = W * diag(g). wn: warps along N per CTA (0 = auto; 1/2/4/8 -> 16..128
 // rows per CTA); ksplit: CTAs of a thread-block cluster splitting K (0 = auto; > 1 needs sm_90).
+// steps: W loads in flight per lane (0 = 4; 8 only for M <= 16); ldpolicy: W loads 0 = L1 no-allocate +
+// L2 evict_first, 1 = plain read-only loads (only for M <= 16 unless steps == 4 and ldpolicy == 0).
 int frms_decode_mma(int dtype, const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw,
                     const void* bias, void* y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int wn,
-                    int ksplit, void* stream);
+                    int ksplit, int steps, int ldpolicy, void* stream);
 
 // rstd[m] = 1 / sqrt(mean_k x[m, k]^2 + eps) in fp32. signal_dependents: trigger Hopper PDL early.
 int frms_rstd(int dtype, const void* x, int64_t ldx, float* rstd, int64_t M, int64_t K, float eps, void* stream);
