@@ -34,7 +34,8 @@ def main() -> None:
     def div16(names):
         return {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in names}
 
-    for name, cfg in GEMV_CANDS.items():
+    cands = dict(GEMV_CANDS, **{"byte-wise 16x512 w4": dict(GEMV_CANDS["V2 gemv dp4a 16x512 w4"], DP4A=0)})
+    for name, cfg in cands.items():
         for M in (1, 16):
             for quant in (False, True):
                 types = ["*bf16" if quant else "*i8", "*i8", "*bf16", "*i32", "*i32", "*fp32", "*fp32", "*fp32"]
