@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from .._common import Backend, check_same_device, check_tensor, select_backend, use_registered_op
-from .gemm import _GEMV_MAX_M, _arch, _config_for, _gemm_dequant_impl, _launch, _norm_scale
+from . import gemm as _gemm
+from .gemm import _GEMV_MAX_M, _arch, _gemm_dequant_impl, _launch, _norm_scale
 from .quantize import _launch_quantize_rows, _quantize_rows_impl
 
 _ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -35,15 +36,15 @@ FUSED_QUANT_MAX_BYTES = 0
 PDL_MAX_M = 0
 
 
-def _use_fused_quant(x2: torch.Tensor, N: int) -> bool:
+def _use_fused_quant(x2: torch.Tensor, N: int | None = None) -> bool:
     """Fused quantization: small x (FUSED_QUANT_MAX_BYTES), or a tuning entry for this shape with
     "GEMV": 1 and "FUSED_QUANT": 1 (decode as ONE launch: the GEMV quantizes x itself)."""
     M, K = x2.shape
     if M * K * x2.element_size() <= FUSED_QUANT_MAX_BYTES:
         return True
-    if M > _GEMV_MAX_M:
+    if N is None or M > _GEMV_MAX_M:
         return False
-    cfg = _config_for(M, N, K, x2.device, True)
+    cfg = _gemm._config_for(M, N, K, x2.device, True)  # via the module: replaceable (tests, tools)
     return bool(cfg.get("GEMV", 0) and cfg.get("FUSED_QUANT", 0))
 
 
