@@ -10,17 +10,17 @@ Phases (budget-guarded; results are written whatever is left undone):
    int8_gemm_dequant_fwd and Int8Linear.forward, each with the cached-kernel direct launch
    (ops/_direct.py) on and off.
 3. per shape group, in priority order:
-   e2e   Int8Linear.forward (shipped defaults) at every LLM shape, M in {1, 16, 128, 1024, 4096}:
-         CUDA-graph replay (GPU time) and plain do_bench (what an eager caller sees, host gaps
-         included), direct launch on and off, host us per call, outputs of both paths compared.
-   nbhd  the 128x128x128 w4 s3 TMA tile ("T7", the sm90 default) and its neighbours at 4096^3,
-         8192^3 and the M in {1024, 4096} LLM shapes, next to the shipped table entry.
-   Correctness of each candidate first (bf16 output vs float64 of the exact int products; NaN or
-   rel err > 2e-2 = FAIL, not timed), then timing next to the anchors (bf16 F.linear,
-   torch._int_mm raw). CUDA-graph replay with weight copies rotated (no L2 reuse) for M <= 128,
-   do_bench median otherwise.
-Writes OUTDIR/probe_int8.json (every number), OUTDIR/tuning_fragment_sm90.json (the fastest gemm
-config per shape in tuning.json entry form) and prints the tables last.
+   gemv  decode M in {1, 16} x the LLM (N, K): bf16 F.linear, the shipped table path end to end
+         (Int8Linear.forward, "module") and its GEMM alone, and per GEMV candidate (GEMV_CANDS,
+         ops/gemm.py _int8_gemv_kernel): two-kernel e2e ("two"), fused-quant e2e ("fused", one
+         launch) and the GEMM alone ("gemm"). A candidate is timed only if its output is
+         bit-identical to the shipped path's (and within 2e-2 of float64).
+   e2e   Int8Linear.forward (shipped defaults) at M in {128, 1024}: CUDA-graph replay and plain
+         do_bench, direct launch on and off, host us per call.
+   (2. host overhead only with --host-overhead.)
+   CUDA-graph replay with weight copies rotated (no L2 reuse) for M <= 128, do_bench median otherwise.
+Writes OUTDIR/probe_int8.json (every number), OUTDIR/tuning_fragment_sm90.json (GEMV entries that
+beat the shipped table path, see winners(); merge with scripts/apply_tuning.py) and prints tables last.
 
 Without a GPU: --dry-run on CPU under TRITON_INTERPRET=1 with tiny shapes (logic check only).
 """
@@ -62,54 +62,55 @@ LLM_NK = ((4096, 4096), (14336, 4096), (4096, 14336))
 TUNE_BUCKETS = ((1, 8), (9, 16), (17, 64), (65, 256), (257, 1024), (1025, 1 << 62))
 
 
-# Neighbourhood of T7 (128x128x128, 4 warps, 3 stages, TMA): the sm90 default since the last probe.
-NBHD_CANDS = {
-    "T7 128x128x128 w4 s3": c(128, 128, 128, 8, 1, 4, 3, TMA=1),
-    "N1 128x128x128 w4 s4": c(128, 128, 128, 8, 1, 4, 4, TMA=1),
-    "N2 128x128x128 w4 s3 g16": c(128, 128, 128, 16, 1, 4, 3, TMA=1),
-    "N3 128x128x64 w4 s4": c(128, 128, 64, 8, 1, 4, 4, TMA=1),
-    "N4 128x128x64 w4 s5": c(128, 128, 64, 8, 1, 4, 5, TMA=1),
-    "N5 128x256x64 w8 s3": c(128, 256, 64, 8, 1, 8, 3, TMA=1),
-    "N6 128x128x128 w4 s3 P1": c(128, 128, 128, 8, 1, 4, 3, TMA=1, PERSISTENT=1),
-    "N7 128x128x128 w8 s3": c(128, 128, 128, 8, 1, 8, 3, TMA=1),
+# Decode GEMV candidates (ops/gemm.py _int8_gemv_kernel; BLOCK_M is ignored by it). SPLIT_K 0 = auto.
+def gv(bn, bk, w, sk=0, dp4a=1, s=1):
+    return dict(GEMV=1, DP4A=dp4a, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=1, SPLIT_K=sk, num_warps=w, num_stages=s)
+
+
+# Three candidates keep the gemv group (compiles included) near 45 s. The byte-wise GEMV (DP4A 0:
+# one IMAD per multiply-add, 4x the dp4a instruction count; IMAD-bound at M = 16) is not swept.
+GEMV_CANDS = {
+    "V2 gemv dp4a 16x512 w4": gv(16, 512, 4),
+    "V3 gemv dp4a 16x1024 w8": gv(16, 1024, 8),
+    "V4 gemv dp4a 32x512 w8": gv(32, 512, 8),
 }
-E2E_M = (1, 16, 128, 1024, 4096)
+
+GEMV_M = (1, 16)
+E2E_M = (128, 1024)
 
 
 def candidate_sets(quick: bool = False, dry: bool = False):
     """(group, (M, N, K), cfg, mode) for every candidate; cfg None = the shipped table's config.
-    mode: gemm (pre-quantized x, G._launch with cfg; cfg None = public API), e2e (Int8Linear.forward
-    with the shipped defaults, direct launch on and off)."""
+    mode: gemm (pre-quantized x, G._launch with cfg; cfg None = public API), module (Int8Linear.forward,
+    shipped table), two (quantize kernel + G._launch(cfg)), fused (G._launch(x, quant_a=True)),
+    e2e (Int8Linear.forward with the shipped defaults, direct launch on and off)."""
     if dry:
-        t = c(32, 32, 32, 2, 1, 4, 1)
-        return [
-            ("e2e", (1, 48, 64), None, "e2e"),
-            ("e2e", (40, 48, 64), None, "e2e"),
-            ("nbhd", (40, 48, 64), None, "gemm"),
-            ("nbhd", (40, 48, 64), dict(t, TMA=1), "gemm"),
-            ("nbhd", (40, 48, 64), dict(t, TMA=1, PERSISTENT=1), "gemm"),
-            ("nbhd", (64, 64, 64), dict(t, TMA=1, EPI_SPLIT=2), "gemm"),
-        ]
+        gshapes = [(1, 40, 96), (3, 40, 96)]
+        e2e = [(40, 48, 64)]
+    else:
+        gshapes = [(m, n, k) for m in GEMV_M for n, k in LLM_NK]
+        e2e = [(m, n, k) for m in E2E_M for n, k in LLM_NK]
+        if quick:
+            e2e = e2e[:2]
     out = []
-    for m in E2E_M:  # priority 1: end to end (the M=1024 anomaly; host cost of eager calls)
-        for n, k in LLM_NK:
-            out.append(("e2e", (m, n, k), None, "e2e"))
-    shapes = [(s, s, s) for s in (4096, 8192)] + [(m, n, k) for m in (1024, 4096) for n, k in LLM_NK]
-    if quick:
-        shapes = shapes[:4]
-    for shape in shapes:  # priority 2: the T7 neighbourhood
-        M, N, K = shape
-        table = G._table().lookup("sm90", M=M, N=N, K=K, b_kmajor=True)
-        if table not in NBHD_CANDS.values():
-            out.append(("nbhd", shape, None, "gemm"))
-        out += [("nbhd", shape, cfg, "gemm") for cfg in NBHD_CANDS.values()]
+    for shape in gshapes:  # priority 1: the decode GEMV (one launch with the fused quantization)
+        out += [("gemv", shape, None, "module"), ("gemv", shape, None, "gemm")]
+        for cfg in gemv_cands(dry).values():
+            out += [("gemv", shape, cfg, mode) for mode in ("fused", "two", "gemm")]
+    out += [("e2e", shape, None, "e2e") for shape in e2e]  # priority 2: regression check
     return out
+
+
+def gemv_cands(dry: bool = False) -> dict:
+    if not dry:
+        return GEMV_CANDS
+    return {"D1 gemv 8x32": gv(8, 32, 4, dp4a=0), "D2 gemv dp4a 16x32 sk2": gv(16, 32, 4, sk=2)}
 
 
 def cfg_name(cfg) -> str:
     if cfg is None:
         return "table"
-    for k, v in NBHD_CANDS.items():
+    for k, v in list(GEMV_CANDS.items()) + list(gemv_cands(True).items()):
         if v == cfg:
             return k
     s = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} sk{SPLIT_K} w{num_warps} s{num_stages}".format(**cfg)
@@ -353,6 +354,7 @@ def main() -> None:
     ap.add_argument("--compile-share", type=float, default=0.4, help="fraction of the budget for the compile phase")
     ap.add_argument("--workers", type=int, default=min(12, max(1, (os.cpu_count() or 4) - 2)))
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--host-overhead", action="store_true", help="also measure host overhead at 2048^3 (~5 s)")
     ap.add_argument("--dry-run", action="store_true", help="CPU, TRITON_INTERPRET=1, tiny shapes")
     ap.add_argument("--dry-compile", action="store_true", help="with --dry-run: also run the compile worker pool")
     args = ap.parse_args()
@@ -372,11 +374,12 @@ def main() -> None:
         )
     results = {"env": {"torch": torch.__version__, "triton": __import__("triton").__version__, "arch": arch,
                        "gpu": torch.cuda.get_device_name(0) if gpu else None}, "records": []}  # fmt: skip
-    try:
-        results["host_overhead"] = host_overhead(dev, gpu, not gpu)
-    except Exception as e:
-        results["host_overhead"] = {"error": f"{type(e).__name__}: {e}"}
-    print(f"[{time.time() - t_start:5.1f}s] host overhead: {json.dumps(results['host_overhead'])}", flush=True)
+    if args.host_overhead:
+        try:
+            results["host_overhead"] = host_overhead(dev, gpu, not gpu)
+        except Exception as e:
+            results["host_overhead"] = {"error": f"{type(e).__name__}: {e}"}
+        print(f"[{time.time() - t_start:5.1f}s] host overhead: {json.dumps(results['host_overhead'])}", flush=True)
 
     shapes: dict[tuple, Shape] = {}
     anchors: dict[tuple, dict] = {}
@@ -423,6 +426,12 @@ def main() -> None:
                     recs.append(dict(group=group, shape=shape, name=k, mode="anchor", ms=v, ok=True))
             ok, err = check(sh, cfg, mode, gpu)
             rec = dict(group=group, shape=shape, cfg=cfg, name=cfg_name(cfg), mode=mode, ok=ok, rel_err=err)
+            if ok and group == "gemv" and cfg is not None:
+                # exact int products + the same epilogue math: bit-identical to the shipped path
+                # (two-kernel and fused-quant alike), or the candidate is not timed
+                same = torch.equal(sh.fns(cfg, mode)[0](), sh.fns(None, "gemm" if mode == "gemm" else "module")[0]())
+                rec["bit_identical"] = same
+                ok = rec["ok"] = same
             if ok:
                 if mode == "e2e":
                     e2e_record(sh, gpu, rec)
@@ -446,6 +455,7 @@ def main() -> None:
     results["wall_s"] = time.time() - t_start
     fragment, summary = winners(recs, arch if gpu else "sm90")
     results["recommendation"] = summary
+    results["fragment"] = fragment
     (out_dir / "probe_int8.json").write_text(json.dumps(results, indent=1, default=str))
     (out_dir / "tuning_fragment_sm90.json").write_text(
         "[\n" + ",\n".join("  " + json.dumps(e) for e in fragment) + "\n]\n"
@@ -454,44 +464,75 @@ def main() -> None:
     print(f"\nwrote {out_dir / 'probe_int8.json'} and tuning_fragment_sm90.json in {time.time() - t_start:.0f}s")
 
 
+GEMV_MIN_GAIN = 1.02  # a GEMV entry is written only when >= 2% faster than the shipped table path
+
+
 def winners(recs, arch):
-    """Best gemm config per shape (tuning.json entries) and the best Int8Linear decode mode."""
-    best: dict[tuple, dict] = {}
-    modes: dict[tuple, dict] = {}
+    """Decode GEMV entries for tuning.json from the gemv group: per (N, K) and measured M in {1, 16},
+    the fastest correct (bit-identical) Int8Linear option; written when a GEMV option beats the shipped
+    table path ("module") by GEMV_MIN_GAIN. M=1 -> [1, 1]; M=16 -> [9, 16], and [2, 8] too when the GEMV
+    also won at M=1. "FUSED_QUANT": 1 marks a fused-quant winner (int8_linear: one launch). A generic
+    {"M": [1, 16]} entry is added when one candidate/mode beat the table at every measured shape."""
+    table_ms: dict[tuple, float] = {}
+    opts: dict[tuple, list] = {}
     for r in recs:
-        if not r.get("ok") or "ms" not in r or r["mode"] == "anchor":
+        if r.get("group") != "gemv" or not r.get("ok") or "ms" not in r:
             continue
         shape = tuple(r["shape"])
-        if r["mode"] == "gemm":
-            if shape not in best or r["ms"] < best[shape]["ms"]:
-                best[shape] = r
-        else:
-            key = (shape, r["mode"])
-            if key not in modes or r["ms"] < modes[key]["ms"]:
-                modes[key] = r
-    fragment = []
+        if r["mode"] == "module":
+            table_ms[shape] = r["ms"]
+        elif r["mode"] in ("two", "fused") and r.get("cfg"):
+            opts.setdefault(shape, []).append(r)
+    best: dict[tuple, dict] = {}
+    for shape, rs in opts.items():
+        if shape not in table_ms:
+            continue
+        r = min(rs, key=lambda r: r["ms"])
+        if table_ms[shape] / r["ms"] >= GEMV_MIN_GAIN:
+            best[shape] = r
+
+    def entry_cfg(r):
+        cfg = dict(r["cfg"])
+        if r["mode"] == "fused":
+            cfg["FUSED_QUANT"] = 1
+        return cfg
+
+    fragment, summary = [], {}
     for (M, N, K), r in sorted(best.items()):
-        cfg = r["cfg"] if r["cfg"] is not None else G._table().lookup(arch, M=M, N=N, K=K, b_kmajor=True)
-        if M == N == K:
-            match = {"M": M, "N": N, "K": K}
-        else:
-            match = {"M": next([lo, hi] for lo, hi in TUNE_BUCKETS if lo <= M <= hi), "N": N, "K": K}
-        fragment.append(
-            {
-                "match": match,
-                "config": cfg,
-                "_measured": f"{r['ms'] * 1e3:.1f}us {r['vs_bf16']:.2f}x bf16 ({r['name']})",
-            }
-        )
-    summary = {}
-    for (shape, mode), r in sorted(modes.items()):
-        summary.setdefault(str(list(shape)), {})[mode] = {"ms": r["ms"], "vs_bf16": r["vs_bf16"], "cfg": r["name"]}
+        t_us = table_ms[(M, N, K)] * 1e3
+        note = f"{r['ms'] * 1e3:.1f}us {r['vs_bf16']:.2f}x bf16 vs table {t_us:.1f}us ({r['name']} {r['mode']})"
+        ranges = [[1, 1]] if M == 1 else [[9, 16]]
+        if M > 1 and (1, N, K) in best:
+            ranges.append([2, 8])
+        for rg in ranges:
+            fragment.append({"match": {"M": rg, "N": N, "K": K}, "config": entry_cfg(r), "_measured": note})
+    shapes = sorted(table_ms)
+    if shapes and all(s in best for s in shapes):
+        # one (cfg, mode) that beats the table at every shape: the generic M <= 16 fallback
+        by_opt: dict[tuple, dict] = {}
+        for s_ in shapes:
+            for r in opts[s_]:
+                by_opt.setdefault((r["name"], r["mode"]), {})[s_] = r
+        good = [
+            (sum(d[s_]["ms"] / table_ms[s_] for s_ in shapes), k, d)
+            for k, d in by_opt.items()
+            if len(d) == len(shapes) and all(table_ms[s_] / d[s_]["ms"] >= GEMV_MIN_GAIN for s_ in shapes)
+        ]
+        if good:
+            score, (name, mode), d = min(good, key=lambda t: t[0])
+            fragment.append({"match": {"M": [1, 16]}, "config": entry_cfg(d[shapes[0]]),
+                             "_measured": f"{name} {mode}: mean time/table {score / len(shapes):.2f}"})  # fmt: skip
+    for r in recs:
+        if r.get("group") == "gemv" and "ms" in r:
+            d = summary.setdefault(str(list(r["shape"])), {})
+            d[f"{r['name']} {r['mode']}"] = {"us": round(r["ms"] * 1e3, 2), "vs_bf16": round(r.get("vs_bf16", 0), 3)}
     return fragment, summary
 
 
 def print_table(recs, results):
     ho = results.get("host_overhead", {})
-    print("\n== host overhead (2048^3, plain do_bench; host_us = enqueue cost per call, no sync) ==")
+    if ho:
+        print("\n== host overhead (2048^3, plain do_bench; host_us = enqueue cost per call, no sync) ==")
     for k, v in ho.items():
         if k not in ("config",):
             print(f"  {k}: {v}")
@@ -526,14 +567,10 @@ def print_table(recs, results):
             f"| {r['group']} | {sh} | {r['name']} | {r['mode']} | {r['ms'] * 1e3:.1f}us | {tops:.0f} "
             f"| {vb} | {vi} | {re_} |"
         )
-    rec = results.get("recommendation", {})
-    if rec:
-        print("\n== Int8Linear end-to-end: best per mode (module = shipped defaults) ==")
-        for shape, d in rec.items():
-            print(
-                f"  {shape}: "
-                + "  ".join(f"{m}={v['ms'] * 1e3:.1f}us ({v['vs_bf16']:.2f}x, {v['cfg']})" for m, v in d.items())
-            )
+    frag = results.get("fragment", [])
+    print(f"\n== tuning fragment: {len(frag)} GEMV entries (>= {GEMV_MIN_GAIN:.2f}x faster than the table path) ==")
+    for e in frag:
+        print(f"  {json.dumps(e['match'])}: {e.get('_measured', '')}")
 
 
 if __name__ == "__main__":

@@ -564,3 +564,149 @@ def test_direct_launch_matches_normal_gpu(case, monkeypatch):
         monkeypatch.setattr(_direct, "ENABLED", True)
         for o, r in zip(outs, exp):
             assert torch.equal(o, r)
+
+
+# ----------------------------------------------------------------------------------------------
+# Decode GEMV ("GEMV": 1): byte-wise and dp4a, split-K, fused per-token quantization
+# ----------------------------------------------------------------------------------------------
+
+
+def _gemv_cfg(dp4a, split_k, bn=16, bk=32, **kw):
+    return dict(GEMV=1, DP4A=dp4a, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=1, SPLIT_K=split_k,
+                num_warps=4, num_stages=1, **kw)  # fmt: skip
+
+
+def _need_interp():
+    if gmod.select_backend(torch.device("cpu")) is not gmod.Backend.INTERPRETER:
+        pytest.skip("explicit kernel configs need TRITON_INTERPRET=1 on CPU")
+
+
+@pytest.mark.parametrize("M", [1, 3, 16])
+@pytest.mark.parametrize("dp4a,split_k", [(0, 1), (1, 3), (1, 1)])
+def test_gemv_exact(M, dp4a, split_k, monkeypatch):
+    """int32 products exact; dequant (+bias, fp16/bf16) identical to the torch reference math."""
+    _need_interp()
+    _poisoned_launch(monkeypatch)
+    torch.manual_seed(M * 10 + split_k + dp4a)
+    N, K = 37, 100  # odd N (wrapped edge rows), K not a multiple of BLOCK_K * split
+    A, W = _rand_i8(M, K), _rand_i8(N, K)
+    cfg = _gemv_cfg(dp4a, split_k)
+    p = gmod._get_plan(A, W.t(), None, None, None, torch.int32, cfg, False, False)
+    assert p.kind == "gemv" and p.kw.get("DP4A", False) == bool(dp4a) and p.split_k == split_k
+    c = gmod._launch(A, W.t(), None, None, None, torch.int32, cfg)
+    assert torch.equal(c.long(), _ref_int(A, W.t()))
+    sa, sb = torch.rand(M) + 0.1, torch.rand(N) + 0.1
+    std = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, SPLIT_K=1, num_warps=4, num_stages=1)
+    for out_dtype, bias in ((torch.float16, torch.randn(N, dtype=torch.float16)), (torch.bfloat16, None)):
+        d = gmod._launch(A, W.t(), sa, sb, bias, out_dtype, cfg)
+        # same epilogue math as the tensor-core kernel: bit-identical outputs
+        assert torch.equal(d, gmod._launch(A, W.t(), sa, sb, bias, out_dtype, std))
+        d32 = gmod._launch(A, W.t(), sa, sb, bias, torch.float32, cfg)
+        assert torch.equal(d32, gmod._gemm_torch(A, W.t(), sa, sb, bias, torch.float32))
+
+
+def test_gemv_dp4a_falls_back_when_unaligned(monkeypatch):
+    """K % 4 != 0 or an unaligned weight base: the byte-wise GEMV, still exact."""
+    _need_interp()
+    _poisoned_launch(monkeypatch)
+    torch.manual_seed(5)
+    A, W = _rand_i8(2, 99), _rand_i8(21, 99)
+    cfg = _gemv_cfg(1, 2)
+    assert not gmod._get_plan(A, W.t(), None, None, None, torch.int32, cfg, False, False).kw.get("DP4A")
+    assert torch.equal(gmod._launch(A, W.t(), None, None, None, torch.int32, cfg).long(), _ref_int(A, W.t()))
+    Wb = _rand_i8(21 * 100 + 1)[1:].view(21, 100)  # base 1 byte off: word loads impossible
+    A2 = _rand_i8(2, 100)
+    assert torch.equal(gmod._launch(A2, Wb.t(), None, None, None, torch.int32, cfg).long(), _ref_int(A2, Wb.t()))
+
+
+@pytest.mark.parametrize("M", [1, 3, 16])
+@pytest.mark.parametrize("dp4a,split_k", [(0, 1), (1, 3)])
+def test_gemv_fused_quant_bit_identical(M, dp4a, split_k, monkeypatch):
+    """The GEMV quantizing x itself == quantize_symmetric + GEMM, bit for bit (zero row included)."""
+    _need_interp()
+    _poisoned_launch(monkeypatch)
+    torch.manual_seed(M + 100 * dp4a + split_k)
+    N, K = 37, 100
+    W = _rand_i8(N, K)
+    x = torch.randn(M, K, dtype=torch.float16) * 3
+    if M > 1:
+        x[1] = 0  # zero row: scale MIN_ABSMAX / 127, codes 0
+    sb, bias = torch.rand(N) + 0.1, torch.randn(N, dtype=torch.float16)
+    cfg = _gemv_cfg(dp4a, split_k)
+    xq, sa = quantize_symmetric(x)
+    for out_dtype in (torch.float16, torch.bfloat16):
+        two = gmod._launch(xq, W.t(), sa.view(-1), sb, bias, out_dtype, cfg)
+        fused = gmod._launch(x, W.t(), None, sb, bias, out_dtype, cfg, quant_a=True)
+        assert torch.equal(fused, two)
+    d32 = gmod._launch(x, W.t(), None, sb, bias, torch.float32, cfg, quant_a=True)
+    assert torch.equal(d32, gmod._gemm_torch(xq, W.t(), sa.view(-1), sb, bias, torch.float32))
+
+
+def test_int8_linear_fused_quant_from_config(monkeypatch):
+    """A tuning entry with GEMV + FUSED_QUANT makes int8_linear one launch (no quantize kernel)."""
+    _need_interp()
+    from int8_gemm import int8_linear
+    from int8_gemm.ops import linear as lmod
+
+    torch.manual_seed(77)
+    M, N, K = 3, 37, 100
+    x, W = torch.randn(M, K, dtype=torch.float16), _rand_i8(N, K)
+    sb, bias = torch.rand(N) + 0.1, torch.randn(N, dtype=torch.float16)
+    two = int8_linear(x, W, sb, bias)  # shipped table: quantize kernel + GEMM
+    cfg = _gemv_cfg(1, 2, FUSED_QUANT=1)
+    monkeypatch.setattr(gmod, "_config_for", lambda *a: cfg)
+
+    def no_quant(*a, **k):
+        raise AssertionError("the quantize kernel ran; fused quantization was expected")
+
+    monkeypatch.setattr(lmod, "_launch_quantize_rows", no_quant)
+    fused = int8_linear(x, W, sb, bias)
+    assert torch.equal(fused, two)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 5, 16])
+@pytest.mark.parametrize("N,K", [(4096, 4096), (4096, 14336), (14336, 4096), (1001, 3000)])
+@pytest.mark.parametrize("dp4a", [0, 1])
+def test_gemv_gpu(M, N, K, dp4a):
+    torch.manual_seed(M + N + K)
+    dev = "cuda"
+    W = _rand_i8(N, K, device=dev)
+    x = torch.randn(M, K, dtype=torch.bfloat16, device=dev)
+    sb = torch.rand(N, device=dev) * 1e-3
+    bias = torch.randn(N, dtype=torch.bfloat16, device=dev)
+    cfg = _gemv_cfg(dp4a, 0, bn=16, bk=512)
+    xq, sa = quantize_symmetric(x)
+    c = gmod._launch(xq, W.t(), None, None, None, torch.int32, cfg)
+    assert torch.equal(c.cpu().long(), _ref_int(xq, W.t()))
+    two = gmod._launch(xq, W.t(), sa.view(-1), sb, bias, torch.bfloat16, cfg)
+    assert torch.equal(two, gmod._gemm_torch(xq, W.t(), sa.view(-1), sb, bias, torch.bfloat16))
+    fused = gmod._launch(x, W.t(), None, sb, bias, torch.bfloat16, cfg, quant_a=True)
+    assert torch.equal(fused, two)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 16])
+def test_gemv_fused_quant_cuda_graph_gpu(M):
+    """One-launch decode (fused quant, split-K last-arrival reduction) under CUDA-graph replay."""
+    torch.manual_seed(M)
+    W = _rand_i8(4096, 4096, device="cuda")
+    x = torch.randn(M, 4096, dtype=torch.bfloat16, device="cuda")
+    sb = torch.rand(4096, device="cuda") * 1e-3
+    cfg = _gemv_cfg(1, 4, bn=16, bk=512)
+    f = lambda: gmod._launch(x, W.t(), None, sb, None, torch.bfloat16, cfg, quant_a=True)
+    ref = f().clone()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        f()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = f()
+    for _ in range(5):
+        x.normal_()
+        g.replay()
+        xq, sa = quantize_symmetric(x)
+        torch.testing.assert_close(
+            out, gmod._launch(xq, W.t(), sa.view(-1), sb, None, torch.bfloat16, cfg), rtol=0, atol=0
+        )
+    assert not torch.equal(out, ref)

@@ -287,6 +287,222 @@ def _int8_gemm_kernel(
 
 
 @triton.jit
+def _dp4a(a, b, USE_ASM: tl.constexpr):
+    """Per 32-bit lane: sum of the 4 signed int8 x int8 byte products. USE_ASM: the hardware dp4a
+    (GPU); otherwise the same sum from sign-extended bytes (interpreter, and a reference)."""
+    if USE_ASM:
+        return tl.inline_asm_elementwise(
+            "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, tl.zeros_like(a)], dtype=tl.int32, is_pure=True, pack=1
+        )
+    else:
+        s = ((a << 24) >> 24) * ((b << 24) >> 24)
+        s += ((a << 16) >> 24) * ((b << 16) >> 24)
+        s += ((a << 8) >> 24) * ((b << 8) >> 24)
+        s += (a >> 24) * (b >> 24)
+        return s
+
+
+@triton.jit
+def _int8_gemv_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    ws_ptr,
+    cnt_ptr,
+    sa_ptr,
+    sb_ptr,
+    bias_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    stride_sa,
+    stride_sb,
+    HAS_BIAS: tl.constexpr,
+    OUT_INT32: tl.constexpr,
+    A_K_CONTIG: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr,
+    QUANT_A: tl.constexpr = False,
+    MIN_AMAX: tl.constexpr = 1e-30,
+    AMAX_CHUNK: tl.constexpr = 1024,
+    AMAX_NCHUNK: tl.constexpr = 0,
+    WS_I32: tl.constexpr = False,
+    DP4A: tl.constexpr = False,
+    DP4A_ASM: tl.constexpr = False,
+):
+    """Decode GEMV (M = ROWS <= 16, K-major weight): bandwidth-bound, so CUDA cores, not tensor
+    cores. Program (pid_n, pid_k) streams BLOCK_N weight rows x its K range in wide contiguous int8
+    chunks and multiplies each chunk with every activation row (the loaded weight tile is reused
+    across rows) in int32. stride_bk must be 1 (B = W.t()); stride_bn is W's row stride.
+    QUANT_A: A is the float activation; every program takes the per-row absmax over the full K
+    (a few KB from L2) and quantizes its K slice with the quantizer's exact math (bit-identical)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n32 = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rbn = (offs_n32 % N).to(tl.int64)  # edge rows wrap onto valid ones: unmasked weight loads
+    offs_n = offs_n32.to(tl.int64)
+    offs_m32 = tl.arange(0, BLOCK_M)
+    offs_m = offs_m32.to(tl.int64)
+    k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_start = pid_k.to(tl.int64) * k_per_split
+    offs_k = tl.arange(0, BLOCK_K)
+    b_ptrs = b_ptr + rbn[:, None] * stride_bn + (k_start + offs_k)[None, :]
+    if A_K_CONTIG:
+        a_ptrs = a_ptr + k_start + offs_k
+        a_step = BLOCK_K
+    else:
+        a_ptrs = a_ptr + (k_start + offs_k) * stride_ak
+        a_step = BLOCK_K * stride_ak
+
+    if QUANT_A:
+        if ROWS == 1:
+            # unrolled chunks: independent loads, all in flight at once
+            offs_c = tl.arange(0, AMAX_CHUNK)
+            amax1 = tl.full((), 0.0, tl.float32)
+            for c in tl.static_range(AMAX_NCHUNK):
+                kk = offs_c + c * AMAX_CHUNK
+                if A_K_CONTIG:
+                    xa = tl.load(a_ptr + kk, mask=kk < K, other=0.0)
+                else:
+                    xa = tl.load(a_ptr + kk.to(tl.int64) * stride_ak, mask=kk < K, other=0.0)
+                amax1 = tl.maximum(amax1, tl.max(tl.abs(xa.to(tl.float32)), axis=0))
+            amax = tl.zeros((BLOCK_M,), dtype=tl.float32) + amax1
+        else:
+            offs_c = tl.arange(0, AMAX_CHUNK)
+            a_rows = a_ptr + offs_m[:, None] * stride_am
+            amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            for k0 in range(0, K, AMAX_CHUNK):
+                kk = offs_c[None, :] + k0
+                mk = (offs_m32[:, None] < M) & (kk < K)
+                if A_K_CONTIG:
+                    xa = tl.load(a_rows + kk, mask=mk, other=0.0)
+                else:
+                    xa = tl.load(a_rows + kk.to(tl.int64) * stride_ak, mask=mk, other=0.0)
+                amax = tl.maximum(amax, tl.max(tl.abs(xa.to(tl.float32)), axis=1))
+        amax = tl.maximum(amax, MIN_AMAX)
+        a_inv = 127.0 / amax
+        sa_vals = amax / 127.0
+    else:
+        a_inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        sa_vals = 0.0
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    n_iters = tl.cdiv(tl.minimum(K - k_start, k_per_split), BLOCK_K)
+    if DP4A:
+        # 4 K values per 32-bit word (K % 4 == 0, word-aligned rows, checked by the plan): one
+        # dp4a per 4 multiply-adds, so M = 16 stays bandwidth-bound instead of IMAD-bound.
+        W4: tl.constexpr = BLOCK_K // 4
+        offs_w = tl.arange(0, W4)
+        b4_ptrs = (
+            b_ptr.to(tl.pointer_type(tl.int32)) + rbn[:, None] * (stride_bn // 4) + (k_start // 4 + offs_w)[None, :]
+        )
+        if QUANT_A:
+            offs_b = tl.arange(0, 4)
+            x4_ptrs = a_ptr + k_start + offs_w[:, None] * 4 + offs_b[None, :]  # A_K_CONTIG required
+            shifts = offs_b * 8
+        else:
+            x4_ptrs = a_ptr.to(tl.pointer_type(tl.int32)) + k_start // 4 + offs_w
+        for it in range(0, n_iters):
+            if EVEN_K:
+                w = tl.load(b4_ptrs)
+            else:
+                w_ok = offs_w < (K - k_start - it * BLOCK_K) // 4
+                w = tl.load(b4_ptrs, mask=w_ok[None, :], other=0)
+            for m in tl.static_range(ROWS):
+                if QUANT_A:
+                    if EVEN_K:
+                        xr = tl.load(x4_ptrs + m * stride_am)
+                    else:
+                        xr = tl.load(x4_ptrs + m * stride_am, mask=w_ok[:, None], other=0.0)
+                    inv_m = tl.sum(tl.where(offs_m32 == m, a_inv, 0.0), axis=0)
+                    q = tl.minimum(tl.maximum(_rne(xr.to(tl.float32) * inv_m), -127.0), 127.0)
+                    # pack the 4 codes of each word (bytes do not overlap: the sum is an OR)
+                    x4 = tl.sum((q.to(tl.int32) & 0xFF) << shifts[None, :], axis=1)
+                else:
+                    if EVEN_K:
+                        x4 = tl.load(x4_ptrs + m * (stride_am // 4))
+                    else:
+                        x4 = tl.load(x4_ptrs + m * (stride_am // 4), mask=w_ok, other=0)
+                s = tl.sum(_dp4a(w, tl.broadcast_to(x4[None, :], (BLOCK_N, W4)), DP4A_ASM), axis=1)
+                if ROWS == 1:
+                    acc += s[None, :]
+                else:
+                    acc = tl.where(offs_m32[:, None] == m, acc + s[None, :], acc)
+            b4_ptrs += W4
+            if QUANT_A:
+                x4_ptrs += BLOCK_K
+            else:
+                x4_ptrs += W4
+        n_iters = 0  # the generic loop below is skipped
+    for it in range(0, n_iters):
+        if EVEN_K:
+            w = tl.load(b_ptrs)
+        else:
+            k_ok = offs_k < K - k_start - it * BLOCK_K
+            w = tl.load(b_ptrs, mask=k_ok[None, :], other=0)
+        w32 = w.to(tl.int32)
+        for m in tl.static_range(ROWS):
+            if EVEN_K:
+                xr = tl.load(a_ptrs + m * stride_am)
+            else:
+                xr = tl.load(a_ptrs + m * stride_am, mask=k_ok, other=0)
+            if QUANT_A:
+                inv_m = tl.sum(tl.where(offs_m32 == m, a_inv, 0.0), axis=0)
+                q = tl.minimum(tl.maximum(_rne(xr.to(tl.float32) * inv_m), -127.0), 127.0)
+                x32 = q.to(tl.int8).to(tl.int32)
+            else:
+                x32 = xr.to(tl.int32)
+            s = tl.sum(w32 * x32[None, :], axis=1)
+            if ROWS == 1:
+                acc += s[None, :]
+            else:
+                acc = tl.where(offs_m32[:, None] == m, acc + s[None, :], acc)
+        b_ptrs += BLOCK_K
+        a_ptrs += a_step
+
+    if SPLIT_K == 1:
+        _epilogue(
+            acc, c_ptr, sa_ptr, sb_ptr, bias_ptr, offs_m, offs_n, M, N,
+            stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32, sa_vals, QUANT_A,
+        )  # fmt: skip
+    else:
+        # int32 partials summed exactly by the last-arriving split (as in _int8_gemm_kernel)
+        mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+        if WS_I32:
+            ws_off = offs_m32[:, None] * N + offs_n32[None, :]
+        else:
+            ws_off = offs_m[:, None] * N + offs_n[None, :]
+        plane = (tl.full((), 0, tl.int64) + M) * N
+        tl.store(ws_ptr + pid_k.to(tl.int64) * plane + ws_off, acc, mask=mask)
+        if FUSED_REDUCE:
+            tl.debug_barrier()
+            arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                tl.debug_barrier()
+                part_base = ws_ptr
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+                for _ in range(0, SPLIT_K):  # fixed order: deterministic
+                    acc += tl.load(part_base + ws_off, mask=mask, other=0, cache_modifier=".cg")
+                    part_base += plane
+                _epilogue(
+                    acc, c_ptr, sa_ptr, sb_ptr, bias_ptr, offs_m, offs_n, M, N,
+                    stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32, sa_vals, QUANT_A,
+                )  # fmt: skip
+                tl.atomic_xchg(cnt_ptr + pid_n, 0)
+
+
+@triton.jit
 def _int8_gemm_tma_kernel(
     a_desc,
     b_desc,
@@ -598,6 +814,7 @@ class _Plan:
 
 
 _PLANS: dict[tuple, _Plan] = {}
+_GEMV_MAX_M = 16  # "GEMV": 1 configs apply up to this M (larger M: the tensor-core kernel)
 _AMAX_CHUNK_MAX = 4096  # M == 1 fused quantization: absmax chunk (elements) per unrolled load
 _MAX_PLANS = 4096
 
@@ -648,6 +865,8 @@ def _make_plan(A, B, sa, sb, bias, out_dtype, cfg, quant_a, pdl, allow_fused=Tru
         BLOCK_K=bk,
         GROUP_M=cfg.get("GROUP_M", 8),
     )
+    if cfg.get("GEMV", 0) and b_kmajor and M <= _GEMV_MAX_M:
+        return _gemv_plan(p, A, B, cfg, M, N, K, bias, out_dtype, quant_a, on_gpu, allow_fused)
     p.num_tiles = _cdiv(M, bm) * _cdiv(N, bn)
     if cfg.get("TMA", 0) and split_k == 1 and not quant_a and not pdl and _TensorDescriptor is not None:
         p.kind = "tma"
@@ -697,6 +916,69 @@ def _make_plan(A, B, sa, sb, bias, out_dtype, cfg, quant_a, pdl, allow_fused=Tru
     p.kw = kw
     p.reduce_grid = (_cdiv(M, 32), _cdiv(N, 128)) if split_k > 1 and not fused else None
     return p
+
+
+def _gemv_split_k(N: int, K: int, bn: int, bk: int, num_sms: int) -> int:
+    """Enough K splits that the GEMV grid covers the SMs ~2x, each split keeping >= 2 K-blocks."""
+    tiles = _cdiv(N, bn)
+    k_blocks = _cdiv(K, bk)
+    split = 1
+    while tiles * split < 2 * num_sms and k_blocks // (split * 2) >= 2 and split < 16:
+        split *= 2
+    return split
+
+
+def _gemv_plan(p, A, B, cfg, M, N, K, bias, out_dtype, quant_a, on_gpu, allow_fused) -> _Plan:
+    """GEMV ("GEMV": 1, M <= 16, K-major B): grid (N tiles, SPLIT_K); never PDL (it has no wait)."""
+    p.kind = "gemv"
+    bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
+    split_k = int(cfg.get("SPLIT_K", 1))
+    if split_k <= 0:
+        split_k = _gemv_split_k(N, K, bn, bk, _num_sms(A.device.index or 0) if on_gpu else 4)
+    split_k = max(1, min(split_k, _cdiv(K, bk)))
+    fused = split_k > 1 and cfg.get("FUSED_REDUCE", True) and allow_fused
+    if quant_a and split_k > 1 and not fused:
+        split_k = 1  # the two-kernel reduction needs sa in memory
+    p.split_k, p.fused = split_k, fused
+    p.num_tiles = _cdiv(N, bn)
+    p.grid = (p.num_tiles, split_k)
+    kw = dict(
+        HAS_BIAS=bias is not None,
+        OUT_INT32=out_dtype == torch.int32,
+        A_K_CONTIG=A.stride(1) == 1,
+        EVEN_K=K % (bk * split_k) == 0,
+        ROWS=M,
+        BLOCK_M=triton.next_power_of_2(M),
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        SPLIT_K=split_k,
+        FUSED_REDUCE=fused,
+        QUANT_A=quant_a,
+        MIN_AMAX=MIN_ABSMAX,
+        num_warps=cfg.get("num_warps", 4),
+        num_stages=cfg.get("num_stages", 1),
+    )
+    if quant_a:
+        if M == 1:
+            chunk = min(_AMAX_CHUNK_MAX, triton.next_power_of_2(K))
+            kw.update(AMAX_CHUNK=chunk, AMAX_NCHUNK=_cdiv(K, chunk))
+        else:
+            kw["AMAX_CHUNK"] = min(triton.next_power_of_2(K), max(16, 4096 // triton.next_power_of_2(M)))
+    if split_k > 1 and split_k * M * N < 2**31:
+        kw["WS_I32"] = True
+    if cfg.get("DP4A", 0) and _dp4a_ok(A, B, K, bk, quant_a):
+        kw.update(DP4A=True, DP4A_ASM=on_gpu)
+    p.kw = kw
+    p.reduce_grid = (_cdiv(M, 32), _cdiv(N, 128)) if split_k > 1 and not fused else None
+    return p
+
+
+def _dp4a_ok(A, B, K, bk, quant_a) -> bool:
+    """dp4a GEMV reads the weight (and an int8 x) as 32-bit words: K % 4 == 0 and word-aligned
+    rows; x must be K-contiguous. Alignment of the base pointers is part of the plan key."""
+    if K % 4 or bk % 4 or B.stride(1) % 4 or A.stride(1) != 1:
+        return False
+    return quant_a or A.stride(0) % 4 == 0
 
 
 def _get_plan(A, B, sa, sb, bias, out_dtype, cfg, quant_a, pdl) -> _Plan:
@@ -753,6 +1035,9 @@ def _launch(
         # misaligned operands of a TMA-configured shape: the pointer kernel, same tiles
         cfg_nt = {k: v for k, v in p.cfg.items() if k not in ("TMA", "PERSISTENT", "EPI_SPLIT", "WARP_SPEC")}
         p = _get_plan(A, B, sa, sb, bias, out_dtype, cfg_nt, quant_a, pdl)
+    if p.kind == "gemv" and p.kw.get("DP4A") and (B.data_ptr() % 4 or (not quant_a and A.data_ptr() % 4)):
+        # word loads need 4-byte aligned bases (not in the plan key): the byte-wise GEMV, uncached
+        p = _make_plan(A, B, sa, sb, bias, out_dtype, dict(p.cfg, DP4A=0), quant_a, pdl)
     counters = dummy
     if p.fused:
         counters = _tile_counters(A.device, p.num_tiles)
@@ -770,7 +1055,8 @@ def _launch(
         A.data_ptr() % 16, B.data_ptr() % 16, counters.data_ptr() % 16,
         sa_t.data_ptr() % 16, sb_t.data_ptr() % 16, bias_t.data_ptr() % 16, bias_t.dtype,
     )  # fmt: skip
-    _direct.launch(p.dl, _int8_gemm_kernel, p.grid, args, p.kw, align)
+    kernel = _int8_gemv_kernel if p.kind == "gemv" else _int8_gemm_kernel
+    _direct.launch(p.dl, kernel, p.grid, args, p.kw, align)
     if p.reduce_grid is not None:
         _direct.launch(
             p.dl2, _splitk_reduce_kernel, p.reduce_grid,

@@ -4,6 +4,8 @@ No extra pass over the output: the quantize kernel reads x once and writes x_q (
 per-token scales; the GEMM reads x_q and the K-major weight and writes the dequantized (+bias)
 output directly from its int32 accumulator. Optionally (FUSED_QUANT_MAX_BYTES, off by default)
 small x skips the quantize kernel: the GEMM quantizes its A tiles itself, with the same math.
+Decode shapes whose tuning entry says ``"GEMV": 1, "FUSED_QUANT": 1`` do the same in the GEMV
+kernel (one launch, bit-identical to the two-kernel path).
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from .._common import Backend, check_same_device, check_tensor, select_backend, use_registered_op
-from .gemm import _arch, _gemm_dequant_impl, _launch, _norm_scale
+from . import gemm as _gemm
+from .gemm import _GEMV_MAX_M, _arch, _gemm_dequant_impl, _launch, _norm_scale
 from .quantize import _launch_quantize_rows, _quantize_rows_impl
 
 _ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -33,8 +36,16 @@ FUSED_QUANT_MAX_BYTES = 0
 PDL_MAX_M = 0
 
 
-def _use_fused_quant(x2: torch.Tensor) -> bool:
-    return x2.shape[0] * x2.shape[1] * x2.element_size() <= FUSED_QUANT_MAX_BYTES
+def _use_fused_quant(x2: torch.Tensor, N: int | None = None) -> bool:
+    """Fused quantization: small x (FUSED_QUANT_MAX_BYTES), or a tuning entry for this shape with
+    "GEMV": 1 and "FUSED_QUANT": 1 (decode as ONE launch: the GEMV quantizes x itself)."""
+    M, K = x2.shape
+    if M * K * x2.element_size() <= FUSED_QUANT_MAX_BYTES:
+        return True
+    if N is None or M > _GEMV_MAX_M:
+        return False
+    cfg = _gemm._config_for(M, N, K, x2.device, True)  # via the module: replaceable (tests, tools)
+    return bool(cfg.get("GEMV", 0) and cfg.get("FUSED_QUANT", 0))
 
 
 def _use_pdl(x2: torch.Tensor) -> bool:
@@ -52,7 +63,7 @@ def _int8_linear_impl(
     if backend is Backend.TORCH:
         x_q, sa = _quantize_rows_impl(x2)
         return _gemm_dequant_impl(x_q, w_q.t(), sa, w_scale, bias, out_dtype)
-    if _use_fused_quant(x2):
+    if _use_fused_quant(x2, w_q.shape[0]):
         return _launch(x2, w_q.t(), None, w_scale, bias, out_dtype, quant_a=True)
     pdl = _use_pdl(x2)
     x_q, sa = _launch_quantize_rows(x2, pdl=pdl)
