@@ -68,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     rows, per_suite = compare(base, new, args.tol)
     print(f"base: {args.base} ({env_b.get('gpu')}, {env_b.get('time_utc')}, triton {env_b.get('triton')})")
     print(f"new:  {args.new} ({env_n.get('gpu')}, {env_n.get('time_utc')}, triton {env_n.get('triton')})")
-    lines = ["| suite | case | impl | base ms | new ms | new/base | vs anchor base → new |", "|---|---|---|---:|---:|---:|---|"]
+    lines = [
+        "| suite | case | impl | base ms | new ms | new/base | vs anchor base → new |",
+        "|---|---|---|---:|---:|---:|---|",
+    ]
     for r in rows:
         va = f"{r['base_vs_anchor']:.2f}x → {r['new_vs_anchor']:.2f}x" if "base_vs_anchor" in r else ""
         flag = " *" if r["outside_tol"] else ""
