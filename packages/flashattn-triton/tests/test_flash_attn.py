@@ -215,7 +215,7 @@ def test_backward_dkdv_load_paths(monkeypatch, mode):
     q, k, v, do = rand(B, H, Nq, D), rand(B, Hkv, Nk, D), rand(B, Hkv, Nk, D), rand(B, H, Nq, D)
     dlse = torch.randn(B, H, Nq)
     out, lse = F._forward_impl(q, k, v, True, D**-0.5, force_decode=False)
-    assert "tma" not in mode or F.bwd_tma_ok(q, do)
+    assert "tma" not in mode or F._tma_ok(q, do)
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
     cfg = dict(BLOCK_M1=16, BLOCK_N1=16, BLOCK_M2=16, BLOCK_N2=16, num_warps=4, num_stages=1)
     cfg.update(TMA=int("tma" in mode), ONE_LOOP=int("one-loop" in mode))
@@ -223,6 +223,19 @@ def test_backward_dkdv_load_paths(monkeypatch, mode):
     want = F._torch_backward(do, q, k, v, out, lse, dlse, True, D**-0.5)
     for name, g, w in zip(("dq", "dk", "dv"), (dq, dk, dv), want):
         _close(g, w.double(), 4e-3, name)
+
+
+def test_tma_eligibility():
+    # the one rule behind the TMA loads of the backward and the decode path
+    q, k = rand(1, 2, 16, 32), rand(1, 1, 16, 32)
+    assert F._tma_ok(q, k)
+    assert not F._tma_ok(q.float(), k.float())  # fp32: exact pointer loads
+    # a head stride that is not a 16-byte multiple (head dim 36 in storage, 32 used)
+    assert not F._tma_ok(rand(1, 2, 16, 36)[..., :32], k)
+    # unaligned base pointer
+    assert not F._tma_ok(rand(2 * 16 * 32 + 1)[1:].view(1, 2, 16, 32), k)
+    assert not F._tma_ok(q[0])  # rank 3
+    assert not F._decode_tma_ok(q)  # decode takes TMA on CUDA devices only
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-try:  # host-side TMA descriptors (Triton >= 3.4); without them the forward keeps the pointer kernel
+try:  # host-side TMA descriptors (Triton >= 3.4); without them decode/backward keep pointer loads
     from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
 except ImportError:  # pragma: no cover
     _TensorDescriptor = None
@@ -281,177 +281,6 @@ def _attn_fwd_kernel(
     )
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
     tl.store(LSE + b64 * slb + h.to(tl.int64) * slh + q_start + offs_m, lse, mask=m_ok)
-
-
-# ---- Hopper forward: TMA tensor descriptors ------------------------------------------------
-#
-# Same math and causal split as _attn_fwd_kernel, but Q/K/V tiles arrive by TMA (no per-thread
-# address arithmetic: fewer registers, loads issued by one thread into swizzled shared memory
-# that wgmma reads directly) and O leaves by a TMA store. Rows/cols past the tensor edge are
-# zero-filled on load and clipped on store by the hardware, so only the score mask remains.
-# Two descriptor flavours:
-#   HOST_DESC=True : host TensorDescriptor over the whole (B, H, N, D) view (4-D, any strides
-#                    that are 16-byte multiples); tiles are addressed [b, h, row, 0].
-#   HOST_DESC=False: per-(batch, head) 2-D descriptors built in the kernel (tl.make_tensor_descriptor,
-#                    needs triton.set_allocator for their 128-byte scratch); upstream Triton uses this
-#                    flavour for warp specialization on Hopper.
-
-
-@triton.jit
-def _tma_tile(desc, b, h, row, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HOST_DESC: tl.constexpr):
-    if HOST_DESC:
-        t = desc.load([b, h, row, 0]).reshape(BLOCK_R, BLOCK_D)
-    else:
-        t = desc.load([row, 0])
-    return t
-
-
-@triton.jit
-def _tma_desc(X, b, h, sb, sh, sn, n, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-              HOST_DESC: tl.constexpr):  # fmt: skip
-    if HOST_DESC:
-        d = X
-    else:
-        d = tl.make_tensor_descriptor(
-            X + b.to(tl.int64) * sb + h.to(tl.int64) * sh,
-            shape=[n, HEAD_DIM],
-            strides=[sn, 1],
-            block_shape=[BLOCK_R, BLOCK_D],
-        )
-    return d
-
-
-@triton.jit
-def _fwd_tma_block(
-    acc,
-    l_i,
-    m_i,
-    q,
-    k_desc,
-    v_desc,
-    b,
-    hk,
-    last_col,
-    offs_n,
-    lo,
-    hi,
-    qk_scale,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    MASKED: tl.constexpr,
-    HOST_DESC: tl.constexpr,
-    WARP_SPEC: tl.constexpr,
-):
-    """Keys [lo, hi). ``last_col[r]``: last key row r may see (causal diagonal and Nk - 1 folded into one
-    bound, so the mask is a single compare per score)."""
-    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPEC):
-        start_n = tl.multiple_of(start_n, BLOCK_N)
-        k = _tma_tile(k_desc, b, hk, start_n, BLOCK_N, BLOCK_D, HOST_DESC)
-        s = tl.dot(q, k.T)
-        if MASKED:
-            s = tl.where(offs_n[None, :] <= (last_col - start_n)[:, None], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # row with nothing visible: exp2 -> 0, not NaN
-            p = tl.math.exp2(s * qk_scale - m_safe[:, None])
-            alpha = tl.math.exp2(m_i - m_safe)
-        else:
-            # scale folded into the exponent: one FMA per score feeding exp2
-            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-            p = tl.math.exp2(s * qk_scale - m_new[:, None])
-            alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        v = _tma_tile(v_desc, b, hk, start_n, BLOCK_N, BLOCK_D, HOST_DESC)
-        acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
-    return acc, l_i, m_i
-
-
-@triton.jit
-def _attn_fwd_tma_kernel(
-    Q,
-    K,
-    V,
-    O,
-    LSE,
-    sqb,
-    sqh,
-    sqm,
-    skb,
-    skh,
-    skn,
-    svb,
-    svh,
-    svn,
-    sob,
-    soh,
-    som,
-    slb,
-    slh,
-    H,
-    GROUP,
-    Nq,
-    Nk,
-    NUM_M,
-    qk_scale,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    HOST_DESC: tl.constexpr,
-    WARP_SPEC: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    pid_bh = pid // NUM_M
-    pid_m = pid % NUM_M
-    if CAUSAL:
-        pid_m = NUM_M - 1 - pid_m  # longest rows first: better tail balance
-    b = pid_bh // H
-    h = pid_bh % H
-    hk = h // GROUP
-    start_m = pid_m * BLOCK_M
-    diag = Nk - Nq
-    q_desc = _tma_desc(Q, b, h, sqb, sqh, sqm, Nq, HEAD_DIM, BLOCK_M, BLOCK_D, HOST_DESC)
-    k_desc = _tma_desc(K, b, hk, skb, skh, skn, Nk, HEAD_DIM, BLOCK_N, BLOCK_D, HOST_DESC)
-    v_desc = _tma_desc(V, b, hk, svb, svh, svn, Nk, HEAD_DIM, BLOCK_N, BLOCK_D, HOST_DESC)
-    o_desc = _tma_desc(O, b, h, sob, soh, som, Nq, HEAD_DIM, BLOCK_M, BLOCK_D, HOST_DESC)
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    q = _tma_tile(q_desc, b, h, start_m, BLOCK_M, BLOCK_D, HOST_DESC)
-
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    full, hi = _causal_ranges(start_m, Nk, diag, BLOCK_M, BLOCK_N, CAUSAL)
-    last_col = tl.zeros([BLOCK_M], dtype=tl.int32) + (Nk - 1)
-    if CAUSAL:
-        last_col = tl.minimum(last_col, offs_m + diag)
-    if WARP_SPEC:
-        # Hopper's automatic warp specialization (TMA producer warps + two consumer warpgroups) only
-        # handles one loop without branches in this Triton: every tile takes the (cheap) mask
-        acc, l_i, m_i = _fwd_tma_block(
-            acc, l_i, m_i, q, k_desc, v_desc, b, hk, last_col, offs_n, 0, hi, qk_scale,
-            BLOCK_N, BLOCK_D, True, HOST_DESC, True,
-        )  # fmt: skip
-    else:
-        # off-band tiles unmasked, then the diagonal band / ragged tail masked
-        acc, l_i, m_i = _fwd_tma_block(
-            acc, l_i, m_i, q, k_desc, v_desc, b, hk, last_col, offs_n, 0, full, qk_scale,
-            BLOCK_N, BLOCK_D, False, HOST_DESC, False,
-        )  # fmt: skip
-        acc, l_i, m_i = _fwd_tma_block(
-            acc, l_i, m_i, q, k_desc, v_desc, b, hk, last_col, offs_n, full, hi, qk_scale,
-            BLOCK_N, BLOCK_D, True, HOST_DESC, False,
-        )  # fmt: skip
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    out = (acc / l_safe[:, None]).to(q.dtype)
-    if HOST_DESC:
-        o_desc.store([b, h, start_m, 0], out.reshape(1, 1, BLOCK_M, BLOCK_D))
-    else:
-        o_desc.store([start_m, 0], out)
-    lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
-    tl.store(LSE + b.to(tl.int64) * slb + h.to(tl.int64) * slh + offs_m, lse, mask=offs_m < Nq)
 
 
 # ---- split-KV decode -----------------------------------------------------------------------
@@ -1228,7 +1057,7 @@ def candidate_configs(kernel: str, head_dim: int, dtype: torch.dtype) -> list[di
             dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st)
             for m, n, w, st in space
             if not (big and (m > 64 or n > 64 or st > 2)) and not (bd >= 128 and n >= 128 and st > 2)
-        ] + fwd_tma_candidates(head_dim, dtype)
+        ]
     if kernel == "bwd":
         space = [
             (64, 128, 8, 2), (64, 128, 8, 3), (64, 128, 4, 2), (32, 128, 4, 3), (64, 64, 4, 3),
@@ -1259,28 +1088,6 @@ def candidate_configs(kernel: str, head_dim: int, dtype: torch.dtype) -> list[di
             if not big
         ]
     raise ValueError(f"unknown kernel {kernel!r}")
-
-
-def fwd_tma_candidates(head_dim: int, dtype: torch.dtype) -> list[dict]:
-    """SM90 TMA forward variants (used where fwd_tma_ok holds, else the same tiles on the pointer kernel):
-    8 warps = 2 warpgroups sharing the loads, host descriptors and the unmasked/masked split.
-    The warp-specialized variant (WS=1) is not offered: on the H200 with Triton 3.6 it wrote NaN
-    (scripts/probe_flash_fwd.py, 2026-11-29), see ``_ws_enabled``."""
-    bd = _block_d(head_dim)
-    if dtype == torch.float32 or bd >= 256:
-        return []
-    space = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3)]  # smem at D128: Q 32K + (K+V) 32K/stage at N64
-    return [
-        dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st, TMA=1)
-        for m, n, w, st in space
-        if not (bd >= 128 and n >= 128 and st > 2)
-    ]
-
-
-def _ws_enabled(device: torch.device) -> bool:
-    """WS=1 configs run warp-specialized only under the interpreter or when
-    FLASHATTN_TRITON_EXPERIMENTAL_WS=1: compiled by Triton 3.6 for the H200 they produced NaN."""
-    return device.type != "cuda" or os.environ.get("FLASHATTN_TRITON_EXPERIMENTAL_WS", "0") == "1"
 
 
 def _bench(fn) -> float:
@@ -1434,8 +1241,6 @@ def use_decode_path(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 def _fwd_launch(q, k, v, out, lse, causal, sm_scale, cfg, cu_q=None, cu_k=None, max_q=None, max_k=None):
     varlen = cu_q is not None
-    if not varlen and cfg.get("TMA", 0) and fwd_tma_ok(q, k, v, out):
-        return _fwd_tma_launch(q, k, v, out, lse, causal, sm_scale, cfg)
     if varlen:
         B = cu_q.numel() - 1
         _, H, D = q.shape
@@ -1485,76 +1290,26 @@ def _fwd_launch(q, k, v, out, lse, causal, sm_scale, cfg, cu_q=None, cu_k=None, 
     )
 
 
-def fwd_tma_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> bool:
-    """Can the TMA forward read/write these tensors? fp16/bf16 only (fp32 stays on the exact-fp32 pointer
-    kernel), unit last stride, 16-byte aligned bases and 16-byte multiple strides (so every per-head base
-    is aligned too: a (B, N, H, D) view qualifies whenever D % 8 == 0), and a Triton with descriptors."""
-    if _TensorDescriptor is None or q.dtype not in (torch.float16, torch.bfloat16):
+def _tma_ok(*tensors: torch.Tensor) -> bool:
+    """Can rank-4 host TMA descriptors (``_tile_desc``) cover these tensors? fp16/bf16 (fp32 stays on
+    the exact-fp32 pointer loads), Hopper+, unit last stride, 16-byte aligned base and 16-byte multiple
+    outer strides (a (B, N, H, D) view qualifies whenever D % 8 == 0), and a Triton with descriptors.
+    CPU tensors qualify: the interpreter emulates descriptors."""
+    if _TensorDescriptor is None:
         return False
-    if q.device.type == "cuda" and torch.cuda.get_device_capability(q.device)[0] < 9:
-        return False  # no TMA before Hopper
-    per16 = 16 // q.element_size()
-    for t in (q, k, v, out):
-        if t.dim() != 4 or t.stride(3) != 1 or t.data_ptr() % 16:
+    for t in tensors:
+        if t.dtype not in (torch.float16, torch.bfloat16) or t.dim() != 4 or t.stride(3) != 1 or t.data_ptr() % 16:
             return False
-        if any(st % per16 for st in t.stride()[:3]):
+        if t.device.type == "cuda" and torch.cuda.get_device_capability(t.device)[0] < 9:
+            return False  # no TMA before Hopper
+        if any((st * t.element_size()) % 16 for st in t.stride()[:3]):
             return False
     return True
 
 
-def _tma_alloc(size: int, alignment: int, stream) -> torch.Tensor:
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def _ensure_tma_allocator() -> None:
-    """In-kernel descriptors need a small global scratch; install an allocator unless the user has one."""
-    from triton.runtime import _allocation
-
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(_tma_alloc)
-
-
-def _fwd_tma_launch(q, k, v, out, lse, causal, sm_scale, cfg):
-    B, H, Nq, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
-    bm, bn, bd = cfg["BLOCK_M"], cfg["BLOCK_N"], _block_d(D)
-    ws = bool(cfg.get("WS", 0)) and _ws_enabled(q.device)  # else the same tiles, not specialized
-    # WS needs in-kernel descriptors (host ones do not survive Triton 3.6's Hopper warp specialization)
-    host = not ws and not cfg.get("DEVICE_DESC", 0)
-    if host:  # 4-D descriptors over the (B, H, N, D) views as they are strided
-        args = tuple(
-            _TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, bd])
-            for t, rows in ((q, bm), (k, bn), (v, bn), (out, bm))
-        )
-    else:
-        if q.device.type == "cuda":
-            _ensure_tma_allocator()
-        args = (q, k, v, out)
-    num_m = triton.cdiv(Nq, bm)
-    _attn_fwd_tma_kernel[(num_m * B * H,)](
-        *args,
-        lse,
-        *q.stride()[:3],
-        *k.stride()[:3],
-        *v.stride()[:3],
-        *out.stride()[:3],
-        *lse.stride()[:2],
-        H,
-        H // Hkv,
-        Nq,
-        Nk,
-        num_m,
-        sm_scale * LOG2E,
-        HEAD_DIM=D,
-        BLOCK_M=bm,
-        BLOCK_N=bn,
-        BLOCK_D=bd,
-        CAUSAL=bool(causal),
-        HOST_DESC=host,
-        WARP_SPEC=ws,
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
-    )
+def _tile_desc(t: torch.Tensor, rows: int, block_d: int):
+    """Host descriptor over a strided (B, H, N, D) view; tiles are addressed [b, h, row, 0]."""
+    return _TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, block_d])
 
 
 def decode_num_splits(device: torch.device, batch_kv_heads: int, nk: int, block_n: int, waves: float = 2) -> int:
@@ -1565,17 +1320,7 @@ def decode_num_splits(device: torch.device, batch_kv_heads: int, nk: int, block_
 
 
 def _decode_tma_ok(t: torch.Tensor) -> bool:
-    """Rank-4 TMA descriptors need sm90+, a 16-byte aligned base and 16-byte aligned outer strides."""
-    if t.device.type != "cuda" or torch.cuda.get_device_capability(t.device)[0] < 9:
-        return False
-    es = t.element_size()
-    return t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all((st * es) % 16 == 0 for st in t.stride()[:-1])
-
-
-def _decode_kv_desc(t: torch.Tensor, block_n: int, block_d: int):
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, block_n, block_d])
+    return t.device.type == "cuda" and _tma_ok(t)
 
 
 def _decode_launch(q, k, v, out, lse, causal, sm_scale, cfg, num_splits=None):
@@ -1592,7 +1337,7 @@ def _decode_launch(q, k, v, out, lse, causal, sm_scale, cfg, num_splits=None):
     lpart = torch.empty((B * Hkv, num_splits, R), device=q.device, dtype=torch.float32)
     bd = _block_d(D)
     use_tma = bool(cfg.get("TMA", False)) and _decode_tma_ok(k) and _decode_tma_ok(v)
-    kk, vv = (_decode_kv_desc(k, bn, bd), _decode_kv_desc(v, bn, bd)) if use_tma else (k, v)
+    kk, vv = (_tile_desc(k, bn, bd), _tile_desc(v, bn, bd)) if use_tma else (k, v)
     _decode_split_kernel[(B * Hkv, num_splits)](
         q,
         kk,
@@ -1660,12 +1405,6 @@ def _forward_impl(q, k, v, causal, sm_scale, force_decode=None):
 _OFF32_LIMIT = 2**31  # tests lower it to force the 64-bit offset path
 
 
-def bwd_tma_ok(q: torch.Tensor, do: torch.Tensor) -> bool:
-    """Can the dK/dV kernel read Q and dO by TMA? Same rules as the forward (fwd_tma_ok): fp16/bf16, Hopper+,
-    4-D with unit last stride, 16-byte aligned base and 16-byte multiple strides."""
-    return fwd_tma_ok(q, q, q, do)
-
-
 def _backward_launch(
     do, q, k, v, out, lse, dlse, dq, dk, dv, causal, sm_scale, cfg, cu_q=None, cu_k=None, max_q=None, max_k=None
 ):
@@ -1721,9 +1460,9 @@ def _backward_launch(
     bm1 = cfg["BLOCK_M1"]
     num_n = triton.cdiv(Nk, cfg["BLOCK_N1"])
     # TMA=1: Q and dO tiles of the dK/dV loop come by TMA (4-D host descriptors, no per-thread addresses)
-    tma = bool(cfg.get("TMA", 0)) and not varlen and bwd_tma_ok(q, do)
+    tma = bool(cfg.get("TMA", 0)) and not varlen and _tma_ok(q, do)
     if tma:
-        qa, doa = (_TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, bm1, bd]) for t in (q, do))
+        qa, doa = (_tile_desc(t, bm1, bd) for t in (q, do))
     else:
         qa, doa = q, do
     # 32-bit row offsets from the per-head base when a head's rows (plus one tile of slack) fit in int32
