@@ -38,6 +38,9 @@ import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "packages" / "fused-rmsnorm" / "src"))
+sys.path.insert(0, str(REPO))
+
+from benchmarks import harness  # noqa: E402
 
 SHAPES = [(4096, 4096), (4096, 14336), (2048, 2048), (8192, 8192)]  # (D, N)
 CHECK_M = [1, 2, 3, 8, 16, 17, 32]
@@ -160,33 +163,8 @@ class Gpu:
         )  # fmt: skip
 
     def graph_us(self, fns: list) -> float:
-        """Median microseconds per call: one graph = each fn (one per weight copy) in turn, repeated."""
-        reps = max(1, 24 // len(fns))
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for f in fns:  # warm up outside the capture (allocator, lazy init)
-                f()
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=s):
-                for _ in range(reps):
-                    for f in fns:
-                        f()
-            graph.replay()
-            torch.cuda.synchronize()
-            ts = []
-            for _ in range(5):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record(s)
-                graph.replay()
-                b.record(s)
-                b.synchronize()
-                ts.append(a.elapsed_time(b) * 1e3 / (reps * len(fns)))
-        torch.cuda.current_stream().wait_stream(s)
-        del graph
-        ts.sort()
-        return ts[len(ts) // 2]
+        """Median microseconds per call, CUDA-graph replay rotating over fns (one per weight copy)."""
+        return harness.time_ms(fns, small=True, rep_ms=20) * 1e3
 
 
 class MockGpu(Gpu):

@@ -41,6 +41,9 @@ sys.path.insert(0, str(REPO / "packages" / "fused-rmsnorm" / "src"))
 from fused_rmsnorm import backend  # noqa: E402
 from fused_rmsnorm.ops import rmsnorm_linear as op  # noqa: E402
 
+sys.path.insert(0, str(REPO))
+from benchmarks import harness  # noqa: E402
+
 MS = [1, 2, 4, 8, 16, 32, 64, 128]
 SHAPES = [(4096, 4096), (4096, 14336), (2048, 2048), (8192, 8192)]
 MMA_MAX = 64  # decode kernels are candidates up to this M
@@ -140,40 +143,15 @@ class Gpu:
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * g.float()) @ w.float().t()
 
     def time_us(self, cfg: dict, M: int, D: int, N: int, x) -> float:
-        """Median us per call: one graph replay = each weight copy in turn, repeated."""
+        """Median us per call, CUDA-graph replay rotating over the weight copies (harness.time_ms)."""
         g, w, ws = self.data[(D, N)]
         fns = [lambda wi=wi: op._launch_ext(x, g, w, None, EPS, wi) for wi in ws]
-        reps = max(1, 24 // len(fns))
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
         orig = op.plan
-        op.plan = lambda *a, **k: dict(cfg)
+        op.plan = lambda *a, **k: dict(cfg)  # force this candidate through the real launcher
         try:
-            with torch.cuda.stream(s):
-                for f in fns:  # warm-up outside the capture
-                    f()
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, stream=s):
-                    for _ in range(reps):
-                        for f in fns:
-                            f()
+            return harness.time_ms(fns, small=True, rep_ms=20) * 1e3
         finally:
             op.plan = orig
-        with torch.cuda.stream(s):
-            graph.replay()
-            torch.cuda.synchronize()
-            ts = []
-            for _ in range(5):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record(s)
-                graph.replay()
-                b.record(s)
-                b.synchronize()
-                ts.append(a.elapsed_time(b) * 1e3 / (reps * len(fns)))
-        torch.cuda.current_stream().wait_stream(s)
-        del graph
-        return sorted(ts)[2]
 
 
 class DryGpu:
