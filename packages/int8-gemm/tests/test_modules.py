@@ -99,6 +99,7 @@ def test_int8_linear_pdl_switch_cpu(monkeypatch):
     monkeypatch.setattr(lmod, "PDL_MAX_M", 16)
     x = torch.randn(3, 64, dtype=torch.float16)
     assert not lmod._use_pdl(x)
+    assert not lmod._use_pdl(x, {"PDL": 1})  # a per-shape tuning key: likewise GPU-only
     w_q = torch.randint(-127, 128, (24, 64), dtype=torch.int8)
     w_s = torch.rand(24) * 1e-2 + 1e-3
     y = int8_linear(x, w_q, w_s, out_dtype=torch.float32)

@@ -29,27 +29,37 @@ _ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # into L2 first ("PREFETCH" in the config): scripts/probe_int8.py re-measures the switch point.
 FUSED_QUANT_MAX_BYTES = 0
 
-# Two-kernel path for M <= PDL_MAX_M on SM90+: the GEMM is launched as a programmatic dependent
-# launch of the quantizer, so its launch, its setup and (with "PREFETCH") the L2 prefetch of its
-# weight slab overlap the quantizer; it waits (griddepcontrol.wait) before touching x_q or
-# writing anything. 0 = off until the H200 probe confirms the gain.
+# Two-kernel path with the GEMM launched as a programmatic dependent launch (PDL) of the quantizer
+# (SM90+): its launch and setup overlap the quantizer; it waits (griddepcontrol.wait) before it
+# touches x_q or writes anything. Per shape: a tuning entry with "PDL": 1 (tensor-core configs only;
+# the GEMV has no wait). H200 probe (scripts/probe_int8_pdl.py, CUDA-graph timed, W rotated): M=16
+# 4096x4096 10.23 vs 10.82 us, N=14336 K=4096 19.07 vs 19.79 us, but N=4096 K=14336 (split-K 4)
+# 22.8 vs 22.2 us, so only the first two carry the key. The L2 weight prefetch ("PREFETCH": 1)
+# made every PDL case slower (+1.4 to +4.8 us). PDL_MAX_M forces PDL for all M <= it (probes).
 PDL_MAX_M = 0
 
 
-def _use_fused_quant(x2: torch.Tensor, N: int | None = None) -> bool:
+def _decode_cfg(x2: torch.Tensor, N: int) -> dict | None:
+    """The GEMM's tuning entry for a decode-sized x (M <= 16), else None (no per-shape options)."""
+    M, K = x2.shape
+    if M > _GEMV_MAX_M:
+        return None
+    return _gemm._config_for(M, N, K, x2.device, True)  # via the module: replaceable (tests, tools)
+
+
+def _use_fused_quant(x2: torch.Tensor, cfg: dict | None = None) -> bool:
     """Fused quantization: small x (FUSED_QUANT_MAX_BYTES), or a tuning entry for this shape with
     "GEMV": 1 and "FUSED_QUANT": 1 (decode as ONE launch: the GEMV quantizes x itself)."""
     M, K = x2.shape
     if M * K * x2.element_size() <= FUSED_QUANT_MAX_BYTES:
         return True
-    if N is None or M > _GEMV_MAX_M:
+    return bool(cfg and cfg.get("GEMV", 0) and cfg.get("FUSED_QUANT", 0))
+
+
+def _use_pdl(x2: torch.Tensor, cfg: dict | None = None) -> bool:
+    if x2.device.type != "cuda":
         return False
-    cfg = _gemm._config_for(M, N, K, x2.device, True)  # via the module: replaceable (tests, tools)
-    return bool(cfg.get("GEMV", 0) and cfg.get("FUSED_QUANT", 0))
-
-
-def _use_pdl(x2: torch.Tensor) -> bool:
-    if x2.shape[0] > PDL_MAX_M or x2.device.type != "cuda":
+    if x2.shape[0] > PDL_MAX_M and not (cfg and cfg.get("PDL", 0) and not cfg.get("GEMV", 0)):
         return False
     arch = _arch(x2.device)
     return arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= 90
@@ -63,9 +73,10 @@ def _int8_linear_impl(
     if backend is Backend.TORCH:
         x_q, sa = _quantize_rows_impl(x2)
         return _gemm_dequant_impl(x_q, w_q.t(), sa, w_scale, bias, out_dtype)
-    if _use_fused_quant(x2, w_q.shape[0]):
+    cfg = _decode_cfg(x2, w_q.shape[0])
+    if _use_fused_quant(x2, cfg):
         return _launch(x2, w_q.t(), None, w_scale, bias, out_dtype, quant_a=True)
-    pdl = _use_pdl(x2)
+    pdl = _use_pdl(x2, cfg)
     x_q, sa = _launch_quantize_rows(x2, pdl=pdl)
     return _launch(x_q, w_q.t(), sa, w_scale, bias, out_dtype, pdl=pdl)
 
