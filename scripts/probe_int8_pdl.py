@@ -55,7 +55,7 @@ def main() -> None:
 
             xs = sh.x.to(torch.bfloat16)
             wb = [(w.to(torch.bfloat16) * 0.01).contiguous() for w in sh.w]
-            row["bf16 F.linear"] = P.bench([lambda w=w: F.linear(xs, w) for w in wb], True, gpu) * 1e3
+            row["bf16 F.linear"] = P.bench([lambda w=w, xs=xs: F.linear(xs, w) for w in wb], True, gpu) * 1e3
             del wb
         for name, (cfg, mode) in modes.items():
             try:
