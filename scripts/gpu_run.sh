@@ -6,7 +6,9 @@
 # Stages (run in this order, any subset; probes first, as most need no extension build):
 #   probe  each script in $PROBES (space-separated PATH[:BUDGET]) as `python3 PATH OUTDIR/NAME [--budget B]`
 #          (APPLY merges their tuning fragments into the packages' tables, see below)
-#   tests  the GPU test suite (pytest -m gpu) over PYTEST_PATHS (default: every package + tests/)
+#   tests  the GPU test suite (pytest -m gpu) over PYTEST_PATHS (default: every package + tests/);
+#          TESTS_PARALLEL=1 runs one pytest per path concurrently (paths only; pytest options for
+#          every part in TEST_ARGS)
 #   tune   scripts/tune_int8.py; later stages of the same run use the fresh table
 #   tune_rmsnorm  scripts/tune_rmsnorm.py (fused_rmsnorm kernel per M); the fresh table is used too
 #   sass   scripts/int8_sass.py: instruction mix of the int8 kernels from their cubins
@@ -98,7 +100,28 @@ if has probe; then  # only fused-rmsnorm probes wait for the extension build
 fi
 if has tests; then
   need_build
-  stage gpu_tests "${TESTS_LIMIT:-$LIMIT}" "${PYTEST[@]}" --junitxml="$W/junit.xml" "${PATHS[@]}"
+  if [ -n "${TESTS_PARALLEL:-}" ]; then
+    # one pytest per test path, all at once: the suite is mostly host-bound (references, compiles),
+    # so the GPU has room; each part gets the full stage limit and its own log + junit
+    [ ${#PATHS[@]} -gt 0 ] || PATHS=(packages/flashattn-triton/tests packages/int8-gemm/tests \
+      packages/fused-rmsnorm/tests packages/llmk-meta/tests tests)
+    t=$SECONDS; pids=(); names=()
+    read -r -a extra <<< "${TEST_ARGS:-}"  # pytest options for every part, e.g. TEST_ARGS="-x --tb=short"
+    for a in "${PATHS[@]}"; do
+      n=$(echo "$a" | tr '/' '_' | sed 's/_tests$//; s/^packages_//'); names+=("$n")
+      timeout "${TESTS_LIMIT:-$LIMIT}" "${PYTEST[@]}" --durations=8 --junitxml="$W/junit_$n.xml" "$a" "${extra[@]}" \
+        >"$W/gpu_tests_$n.log" 2>&1 &
+      pids+=($!)
+    done
+    for i in "${!pids[@]}"; do
+      wait "${pids[$i]}"; rc=$?; [ $rc -eq 5 ] && rc=0  # 5: no GPU test in that path
+      echo "gpu_tests[${names[$i]}]: rc=$rc $((SECONDS - t))s (t=$((SECONDS - T0))s) $(grep -E '[0-9]+ (passed|failed)' "$W/gpu_tests_${names[$i]}.log" | tail -1)" | tee -a "$W/summary.txt"
+      [ $rc -eq 0 ] || status=1
+    done
+    pack
+  else
+    stage gpu_tests "${TESTS_LIMIT:-$LIMIT}" "${PYTEST[@]}" --junitxml="$W/junit.xml" "${PATHS[@]}"
+  fi
 fi
 if has tune; then
   stage tune_int8 "${TUNE_LIMIT:-$LIMIT}" python3 scripts/tune_int8.py "$W" --budget "${TUNE_BUDGET:-120}"
