@@ -7,7 +7,9 @@ The session-2 probe timed PDL only together with "PREFETCH": 1, which on its own
 this one separates the two. Modes per shape (table config unless named): module (Int8Linear,
 shipped path), two (quantize kernel + GEMM), pdl (same, GEMM as a PDL launch), pdl+pf (and the
 weight-slab prefetch). CUDA-graph replay with rotated weight copies (probe_int8.bench); every
-mode is checked against float64 first. Writes OUTDIR/probe_int8_pdl.json, prints a table last.
+mode is checked against float64 first. Writes OUTDIR/probe_int8_pdl.json and, for shapes where
+PDL beats the shipped path by > 2%, OUTDIR/fragment_sm90.json (the shipped config + "PDL": 1);
+prints a table last. The M=1 GEMV row uses the table's GEMV config (PDL_WAIT in the GEMV kernel).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def main() -> None:
     shapes = [(16, n, k) for n, k in P.LLM_NK] + [(1, 4096, 14336)] if gpu else [(3, 40, 96)]
     t0 = time.time()
     res: dict = {}
+    frag: list = []
     for shape in shapes:
         if time.time() - t0 > budget:
             res[str(shape)] = "skipped for budget"
@@ -41,14 +44,14 @@ def main() -> None:
         M, N, K = shape
         sh = P.Shape(M, N, K, dev, gpu)
         table = G._config_for(M, N, K, dev, True)
-        tc = dict(table) if not table.get("GEMV") else dict(P.c(16, 64, 256, 1, 0, 4, 4))
-        tc.pop("PREFETCH", None)
+        tc = {k: v for k, v in table.items() if k not in ("PREFETCH", "PDL", "FUSED_QUANT")}
         modes = {
             "module": (None, "module"),
             "two": (tc, "two"),
             "pdl": (tc, "pdl"),
-            "pdl+pf": (dict(tc, PREFETCH=1), "pdl"),
         }
+        if not tc.get("GEMV"):  # the L2 weight prefetch exists in the tensor-core kernel only
+            modes["pdl+pf"] = (dict(tc, PREFETCH=1), "pdl")
         row = {"table_cfg": table}
         if gpu:
             import torch.nn.functional as F
@@ -66,6 +69,17 @@ def main() -> None:
                 row[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:300]}
         res[str(shape)] = row
         print(shape, json.dumps(row), flush=True)
+        us = {k: v.get("us") for k, v in row.items() if isinstance(v, dict) and v.get("us")}
+        if gpu and "pdl" in us and "module" in us and us["pdl"] < 0.98 * min(us["module"], us.get("two", 1e9)):
+            frag.append(
+                {
+                    "match": {"M": [1, 1] if M == 1 else [9, 16], "N": N, "K": K},
+                    "config": dict(tc, PDL=1),
+                    "_measured": f"pdl {us['pdl']:.2f} us vs module {us['module']:.2f} us",
+                }
+            )
+    if frag:  # merge with scripts/apply_tuning.py (same match as the shipped entries: replaced in place)
+        (out / "fragment_sm90.json").write_text(json.dumps(frag, indent=1))
     (out / "probe_int8_pdl.json").write_text(json.dumps({"env": P.__dict__.get("ENV", None), "results": res}, indent=1))
     print(f"{'shape':<22}" + "".join(f"{k:>14}" for k in ("bf16 F.linear", "module", "two", "pdl", "pdl+pf")))
     for s, row in res.items():

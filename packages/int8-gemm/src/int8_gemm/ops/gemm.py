@@ -340,6 +340,7 @@ def _int8_gemv_kernel(
     WS_I32: tl.constexpr = False,
     DP4A: tl.constexpr = False,
     DP4A_ASM: tl.constexpr = False,
+    PDL_WAIT: tl.constexpr = False,
 ):
     """Decode GEMV (M = ROWS <= 16, K-major weight): bandwidth-bound, so CUDA cores, not tensor
     cores. Program (pid_n, pid_k) streams BLOCK_N weight rows x its K range in wide contiguous int8
@@ -364,6 +365,9 @@ def _int8_gemv_kernel(
     else:
         a_ptrs = a_ptr + (k_start + offs_k) * stride_ak
         a_step = BLOCK_K * stride_ak
+    if PDL_WAIT:
+        # a programmatic dependent launch of the quantizer: x_q / sa only after its grid is done
+        gdc_wait()
 
     if QUANT_A:
         if ROWS == 1:
@@ -866,7 +870,7 @@ def _make_plan(A, B, sa, sb, bias, out_dtype, cfg, quant_a, pdl, allow_fused=Tru
         GROUP_M=cfg.get("GROUP_M", 8),
     )
     if cfg.get("GEMV", 0) and b_kmajor and M <= _GEMV_MAX_M:
-        return _gemv_plan(p, A, B, cfg, M, N, K, bias, out_dtype, quant_a, on_gpu, allow_fused)
+        return _gemv_plan(p, A, B, cfg, M, N, K, bias, out_dtype, quant_a, on_gpu, allow_fused, pdl)
     p.num_tiles = _cdiv(M, bm) * _cdiv(N, bn)
     if cfg.get("TMA", 0) and split_k == 1 and not quant_a and not pdl and _TensorDescriptor is not None:
         p.kind = "tma"
@@ -928,8 +932,9 @@ def _gemv_split_k(N: int, K: int, bn: int, bk: int, num_sms: int) -> int:
     return split
 
 
-def _gemv_plan(p, A, B, cfg, M, N, K, bias, out_dtype, quant_a, on_gpu, allow_fused) -> _Plan:
-    """GEMV ("GEMV": 1, M <= 16, K-major B): grid (N tiles, SPLIT_K); never PDL (it has no wait)."""
+def _gemv_plan(p, A, B, cfg, M, N, K, bias, out_dtype, quant_a, on_gpu, allow_fused, pdl=False) -> _Plan:
+    """GEMV ("GEMV": 1, M <= 16, K-major B): grid (N tiles, SPLIT_K). pdl: launched as a programmatic
+    dependent of the quantizer (waits before it reads x_q; SM90+, not with quant_a)."""
     p.kind = "gemv"
     bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
     split_k = int(cfg.get("SPLIT_K", 1))
@@ -968,6 +973,8 @@ def _gemv_plan(p, A, B, cfg, M, N, K, bias, out_dtype, quant_a, on_gpu, allow_fu
         kw["WS_I32"] = True
     if cfg.get("DP4A", 0) and _dp4a_ok(A, B, K, bk, quant_a):
         kw.update(DP4A=True, DP4A_ASM=on_gpu)
+    if pdl and on_gpu and not quant_a and gdc_wait is not None:
+        kw.update(PDL_WAIT=True, launch_pdl=True)
     p.kw = kw
     p.reduce_grid = (_cdiv(M, 32), _cdiv(N, 128)) if split_k > 1 and not fused else None
     return p

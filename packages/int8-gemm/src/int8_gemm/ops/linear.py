@@ -31,8 +31,7 @@ FUSED_QUANT_MAX_BYTES = 0
 
 # Two-kernel path with the GEMM launched as a programmatic dependent launch (PDL) of the quantizer
 # (SM90+): its launch and setup overlap the quantizer; it waits (griddepcontrol.wait) before it
-# touches x_q or writes anything. Per shape: a tuning entry with "PDL": 1 (tensor-core configs only;
-# the GEMV has no wait). H200 probe (scripts/probe_int8_pdl.py, CUDA-graph timed, W rotated): M=16
+# touches x_q or writes anything. Per shape: a tuning entry with "PDL": 1 (tensor-core or GEMV). H200 probe (scripts/probe_int8_pdl.py, CUDA-graph timed, W rotated): M=16
 # 4096x4096 10.23 vs 10.82 us, N=14336 K=4096 19.07 vs 19.79 us, but N=4096 K=14336 (split-K 4)
 # 22.8 vs 22.2 us, so only the first two carry the key. The L2 weight prefetch ("PREFETCH": 1)
 # made every PDL case slower (+1.4 to +4.8 us). PDL_MAX_M forces PDL for all M <= it (probes).
@@ -59,7 +58,7 @@ def _use_fused_quant(x2: torch.Tensor, cfg: dict | None = None) -> bool:
 def _use_pdl(x2: torch.Tensor, cfg: dict | None = None) -> bool:
     if x2.device.type != "cuda":
         return False
-    if x2.shape[0] > PDL_MAX_M and not (cfg and cfg.get("PDL", 0) and not cfg.get("GEMV", 0)):
+    if x2.shape[0] > PDL_MAX_M and not (cfg and cfg.get("PDL", 0)):
         return False
     arch = _arch(x2.device)
     return arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= 90
