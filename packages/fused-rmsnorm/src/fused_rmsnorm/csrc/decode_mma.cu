@@ -87,15 +87,15 @@ __host__ __device__ constexpr int kWStages(int wl) { return wl >= 2 ? 3 : 0; }  
 // rows 2q and 2q + 1 (one quarter-warp of an lds.128: lanes 8q .. 8q + 7 read 64 B of each) are 64 B
 // apart modulo 128: conflict-free.
 __host__ __device__ constexpr int wstage_bytes(int wl) { return 16 * kWSteps(wl) * 64 + 8 * 64; }
-__host__ __device__ constexpr int wrow_off(int wl, int r) { return r * kWSteps(wl) * 64 + ((r + 1) >> 1) * 64; }
 __host__ __device__ constexpr size_t wstage_smem(int wl) {
   return wl >= 2 ? size_t(kWarps) * kWStages(wl) * wstage_bytes(wl) : 0;
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ constexpr int wrow_off(int wl, int r) { return r * kWSteps(wl) * 64 + ((r + 1) >> 1) * 64; }
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
 }
@@ -118,9 +118,9 @@ __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t by
       "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(pol)
       : "memory");
 }
-#endif
 // a plain load: ordered after mbar_wait (a "memory" clobber), the compiler emits LDS.128
 __device__ __forceinline__ uint4 lds128(const unsigned char* p) { return *reinterpret_cast<const uint4*>(p); }
+#endif
 
 template <typename T>
 __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -355,8 +355,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(const Params p)
   unsigned char* wst = reinterpret_cast<unsigned char*>(smem4) + size_t(warp) * NS * (kWsm ? wstage_bytes(WL) : 0);
   __shared__ uint64_t wbar_s[kWsm ? kWarps * NS : 1];
   uint64_t* wbar = wbar_s + (kWsm ? warp * NS : 0);
-  const int nstage = (cnt_full + SPS - 1) / SPS;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int nstage = (cnt_full + SPS - 1) / SPS;
   const T* wrow = W + min64(n0 + wn * 16 + (lane & 15), p.N - 1) * p.ldw + s_beg * 32;  // lanes 0..15
   auto issue = [&](int q) {  // whole warp; fills stage q % NS
     const int nsteps = min(SPS, cnt_full - q * SPS);
