@@ -216,13 +216,26 @@ def test_plan_decode_mma_variant_keys(monkeypatch):
     entry = {"path": "decode_mma", "wn": 0, "ksplit": 0, "steps": 8, "ldpolicy": "plain"}
     monkeypatch.setattr(op._TUNING, "lookup", lambda *a, **k: dict(entry))
     p = plan("sm90", 16, 4096, 4096, has_gemm=True)
-    assert op.mma_variant_args(p) == (8, 1)
+    assert op.mma_variant_args(p) == (8, 1, 0)
     p = plan("sm90", 17, 4096, 4096, has_gemm=True)  # variants exist for <= 16 tokens only
-    assert "steps" not in p and "ldpolicy" not in p and op.mma_variant_args(p) == (0, 0)
+    assert "steps" not in p and "ldpolicy" not in p and op.mma_variant_args(p) == (0, 0, 0)
     with pytest.raises(ValueError, match="steps"):
         op.mma_variant_args({"steps": 6})
     with pytest.raises(ValueError, match="ldpolicy"):
         op.mma_variant_args({"ldpolicy": "evict_last"})
+
+
+def test_plan_decode_mma_wload_key(monkeypatch):
+    from fused_rmsnorm.ops import rmsnorm_linear as op
+
+    entry = {"path": "decode_mma", "wn": 0, "ksplit": 0, "wload": 2}
+    monkeypatch.setattr(op._TUNING, "lookup", lambda *a, **k: dict(entry))
+    assert op.mma_variant_args(plan("sm90", 16, 4096, 4096, has_gemm=True)) == (0, 0, 2)
+    assert "wload" not in plan("sm90", 17, 4096, 4096, has_gemm=True)  # <= 16 tokens only
+    assert op.mma_variant_args({"wload": 3, "steps": 4}) == (4, 0, 3)
+    for bad in ({"wload": 4}, {"wload": True}, {"wload": 1, "steps": 8}, {"wload": 2, "ldpolicy": "plain"}):
+        with pytest.raises(ValueError, match="wload"):
+            op.mma_variant_args(bad)
 
 
 def test_plan_decode_mma_fallbacks():
@@ -441,6 +454,45 @@ def test_gpu_decode_mma_variants(M, D, dtype):
                 assert torch.isfinite(y).all(), key
                 assert rel_err(y, ref) <= 1e-2, key
                 assert torch.isnan(yb[:, N:]).all(), key
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 3, 16])
+@pytest.mark.parametrize("D", [2056, 4104])
+def test_gpu_decode_mma_wload_variants(M, D):
+    """Every wload variant (1: x in the ring; 2 / 3: W through smem by cp.async.bulk, sm_90) x a few
+    (wn, ksplit): odd N = 1001, K % 32 != 0 (2056 = 64 * 32 + 8: partial last stage and the register
+    tail step), functional (g in-kernel) and folded W', NaN-poisoned outputs vs the fp32 reference."""
+    m = _ext_or_skip()
+    sm90 = torch.cuda.get_device_capability()[0] >= 9
+    light = M > 8 and getattr(m, "mma_variants_light", lambda: False)()
+    if light:
+        pytest.skip("a --light build has the wload variants for bf16 and M <= 8 only")
+    N = 1001
+    dtype = torch.bfloat16
+    x, g, w, b = _gpu_case(M, D, N, dtype, bias=True, seed=13 * M + D)
+    ref = _ref32(x, g, w, b, 1e-6).double()
+    stream = torch.cuda.current_stream().cuda_stream
+    splits = [(0, 0), (1, 1), (8, 1)] + ([(2, 4), (4, 2)] if sm90 else [])
+    for wload in (1, 2, 3):
+        if wload >= 2 and not sm90:
+            with pytest.raises(RuntimeError, match="sm_90"):
+                m.decode_mma(1, x.data_ptr(), D, g.data_ptr(), w.data_ptr(), D, 0, x.data_ptr(), N, M, N, D, 1e-6,
+                             0, 0, stream, 0, 0, wload)  # fmt: skip
+            continue
+        for wn, ks in splits:
+            for gptr, wt in ((g.data_ptr(), w), (0, w * g)):
+                yb = _poisoned(M, N + 3, dtype)
+                m.decode_mma(1, x.data_ptr(), D, gptr, wt.data_ptr(), D, b.data_ptr(), yb.data_ptr(), N + 3, M, N,
+                             D, 1e-6, wn, ks, stream, 0, 0, wload)  # fmt: skip
+                y = yb[:, :N]
+                key = (wload, wn, ks, gptr != 0)
+                assert torch.isfinite(y).all(), key
+                assert rel_err(y, ref) <= 1e-2, key
+                assert torch.isnan(yb[:, N:]).all(), key
+    with pytest.raises(RuntimeError, match="variant"):  # wload needs steps 4 / evict_first
+        m.decode_mma(1, x.data_ptr(), D, g.data_ptr(), w.data_ptr(), D, 0, x.data_ptr(), N, M, N, D, 1e-6, 0, 0,
+                     stream, 8, 0, 1)  # fmt: skip
 
 
 @pytest.mark.gpu

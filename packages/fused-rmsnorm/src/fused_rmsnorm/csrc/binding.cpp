@@ -41,9 +41,11 @@ void check(int status, const char* what) {
   else if (status == FRMS_ERR_NOT_BUILT)
     msg += "this kernel was not compiled into the extension";
   else if (status == FRMS_ERR_VARIANT)
-    msg += "this (steps, ldpolicy) variant is compiled only for M <= 16 (a --light build: bf16, M <= 8)";
+    msg += "this (steps, ldpolicy, wload) variant is compiled only for M <= 16 (a --light build: bf16, M <= 8); "
+           "wload > 0 needs steps 4 and ldpolicy 0";
   else if (status == FRMS_ERR_UNSUPPORTED)
-    msg += "a K split across CTAs (ksplit > 1) needs thread-block clusters: an sm_90 device and a 9.0 build";
+    msg += "a K split across CTAs (ksplit > 1) needs thread-block clusters, wload 2 / 3 cp.async.bulk: an sm_90 "
+           "device and a 9.0 build";
   else
     msg += std::string("CUDA error ") + cudaGetErrorName(cudaError_t(status)) + ": " +
            cudaGetErrorString(cudaError_t(status));
@@ -86,20 +88,22 @@ PYBIND11_MODULE(_C, m) {
       "decode_mma",
       [](int dtype, std::uintptr_t x, int64_t ldx, std::uintptr_t g, std::uintptr_t w, int64_t ldw,
          std::uintptr_t bias, std::uintptr_t y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int wn,
-         int ksplit, std::uintptr_t stream, int steps, int ldpolicy) {
+         int ksplit, std::uintptr_t stream, int steps, int ldpolicy, int wload) {
 #if FRMS_HAVE_MMA
         check(frms_decode_mma(dtype, cptr(x), ldx, g ? cptr(g) : nullptr, cptr(w), ldw, bias ? cptr(bias) : nullptr,
-                              mptr(y), ldy, M, N, K, eps, wn, ksplit, steps, ldpolicy, mptr(stream)),
+                              mptr(y), ldy, M, N, K, eps, wn, ksplit, steps, ldpolicy, wload, mptr(stream)),
               "decode_mma");
 #else
         check(FRMS_ERR_NOT_BUILT, "decode_mma");
 #endif
       },
       "Tensor-core decode (sm_80+). g = 0: w is the folded W' = W * g. wn / ksplit: 0 = auto. steps: W loads in "
-      "flight per lane (0 = 4, or 8); ldpolicy: 0 = evict_first W loads, 1 = plain (non-defaults: M <= 16 only).",
+      "flight per lane (0 = 4, or 8); ldpolicy: 0 = evict_first W loads, 1 = plain (non-defaults: M <= 16 only). "
+      "wload: 0 = default, 1 = x prefetched in the W ring, 2 / 3 = 1 + W staged through smem by cp.async.bulk "
+      "(sm_90; 256 / 512-B row pieces); wload > 0 needs M <= 16, steps 0|4 and ldpolicy 0.",
       py::arg("dtype"), py::arg("x"), py::arg("ldx"), py::arg("g"), py::arg("w"), py::arg("ldw"), py::arg("bias"),
       py::arg("y"), py::arg("ldy"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("eps"), py::arg("wn"),
-      py::arg("ksplit"), py::arg("stream"), py::arg("steps") = 0, py::arg("ldpolicy") = 0);
+      py::arg("ksplit"), py::arg("stream"), py::arg("steps") = 0, py::arg("ldpolicy") = 0, py::arg("wload") = 0);
 
   m.def(
       "rstd",

@@ -26,6 +26,13 @@
 //   and the partial sums go through the same reductions as C; rstd scales the output columns.
 // * g (functional path) multiplies x in fp32 before it is rounded to the MMA's 16-bit operand (one
 //   rounding, like the unfused x * rstd -> bf16 -> * g); the module path passes W' and g = nullptr.
+// * `wload` variants (tuning knobs, NT <= 2, the default ring depth and evict_first only), to find what
+//   limits the W stream at large weights: 1 = x (and g) ride the ring too, U steps ahead instead of one
+//   (an L2 round trip of x under a saturated memory system no longer stalls the next step); 2 / 3 = as 1,
+//   and W is staged through shared memory by cp.async.bulk (sm_90): each warp copies its 16 rows in
+//   long contiguous per-row pieces (kWSteps(wl) steps = 64 B each) into a kWStages(wl)-deep pipeline
+//   of per-warp mbarriers, and reads its fragments with lds.128 (same k permutation). 2: 256-B
+//   pieces x 3 stages (fits 2 CTAs / SM), 3: 512-B pieces x 3 stages (1 CTA / SM).
 #include "decode_mma_config.h"
 #include "frms.h"
 #include "vec.cuh"
@@ -72,6 +79,48 @@ __device__ __forceinline__ uint4 ld_w(const void* p, uint64_t pol) {
       : "l"(p), "l"(pol));
   return v;
 }
+
+// ---- wload 2 / 3: per-warp shared-memory staging of W (cp.async.bulk + mbarrier, sm_90)
+__host__ __device__ constexpr int kWSteps(int wl) { return wl == 2 ? 4 : wl == 3 ? 8 : 0; }  // 64-B steps / stage
+__host__ __device__ constexpr int kWStages(int wl) { return wl >= 2 ? 3 : 0; }                // pipeline depth
+// Bytes of one warp's stage: 16 rows of kWSteps * 64 B; row r starts at r * S + ((r + 1) / 2) * 64, so
+// rows 2q and 2q + 1 (one quarter-warp of an lds.128: lanes 8q .. 8q + 7 read 64 B of each) are 64 B
+// apart modulo 128: conflict-free.
+__host__ __device__ constexpr int wstage_bytes(int wl) { return 16 * kWSteps(wl) * 64 + 8 * 64; }
+__host__ __device__ constexpr size_t wstage_smem(int wl) {
+  return wl >= 2 ? size_t(kWarps) * kWStages(wl) * wstage_bytes(wl) : 0;
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ constexpr int wrow_off(int wl, int r) { return r * kWSteps(wl) * 64 + ((r + 1) >> 1) * 64; }
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n}" ::"r"(smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+}
+// 1-D bulk copy global -> this CTA's shared memory, completion counted on `bar` (bytes % 16 == 0).
+__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t pol) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(pol)
+      : "memory");
+}
+// a plain load: ordered after mbar_wait (a "memory" clobber), the compiler emits LDS.128
+__device__ __forceinline__ uint4 lds128(const unsigned char* p) { return *reinterpret_cast<const uint4*>(p); }
+#endif
 
 template <typename T>
 __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -130,17 +179,22 @@ __device__ __forceinline__ void cluster_or_cta_sync(int ksplit) {
 }
 
 // U: steps of W in flight per lane (U * 32 bytes). NT: n8 token tiles. kG: scale x by g in-kernel.
-// kEF: W loads with L1::no_allocate + L2 evict_first (else plain ld.global.nc).
-template <typename T, int NT, int U, bool kG, bool kEF>
+// kEF: W loads with L1::no_allocate + L2 evict_first (else plain ld.global.nc). WL: the `wload`
+// variant (0 = W ring + x one step ahead; 1 = x in the ring too; 2 / 3 = 1 + W staged in smem).
+template <typename T, int NT, int U, bool kG, bool kEF, int WL>
 __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(const Params p) {
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   constexpr int TOK = 8 * NT;
   static_assert(U % 2 == 0, "the x double buffer needs an even ring depth");
   constexpr bool kGonW = kG && NT >= 2;  // where g is applied: W side (NT >= 2) or x side (NT == 1)
-  constexpr bool kXpf = NT < 4;          // prefetch x one step ahead (registers permitting)
+  constexpr bool kXring = WL >= 1;       // x / g loaded U steps ahead, in the ring
+  constexpr bool kXpf = !kXring && NT < 4;  // else prefetch x one step ahead (registers permitting)
+  constexpr bool kWsm = WL >= 2;         // W through shared memory (cp.async.bulk)
+  constexpr int SPS = kWsm ? kWSteps(WL) : U, NS = kWsm ? kWStages(WL) : 1;
+  static_assert(!kWsm || SPS % U == 0, "a stage holds whole ring turns");
 #if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
-  if (p.ksplit > 1) __trap();  // the host never asks for it without cluster support
+  if (p.ksplit > 1 || kWsm) __trap();  // the host never asks for these without sm_90 support
 #endif
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -229,20 +283,27 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(const Params p)
   uint4 wa[U], wb[U];   // ring: slot u holds step i with i % U == u
   // x / g: with kXpf double-buffered one step ahead (slot i % 2; U is even, so i % 2 == u % 2),
   // else loaded at the start of each step (NT = 4: registers; its 8 warp columns share x in L1).
-  uint4 xr[kXpf ? 2 : 1][NT], gr[kXpf ? 2 : 1];
+  // kXring: x / g of step i in slot i % U, loaded with W.
+  constexpr int XS = kXring ? U : (kXpf ? 2 : 1);
+  uint4 xr[XS][NT], gr[XS];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     wa[u] = wb[u] = zero;
-    if (u < cnt_full) {
+    if (!kWsm && u < cnt_full) {
       wa[u] = ld_w<kEF>(pa + 32 * u, pol);
       wb[u] = ld_w<kEF>(pb + 32 * u, pol);
     }
   }
 #pragma unroll
-  for (int q = 0; q < (kXpf ? 2 : 1); ++q) {
+  for (int q = 0; q < XS; ++q) {
 #pragma unroll
     for (int j = 0; j < NT; ++j) xr[q][j] = zero;
     gr[q] = zero;
+    if (kXring && q < cnt_full) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) xr[q][j] = frms::ld_cached(px0 + xoff[j] + 32 * q);
+      if (kG) gr[q] = frms::ld_cached(pg + 32 * q);
+    }
   }
   if (kXpf && 0 < cnt_full) {
 #pragma unroll
@@ -254,6 +315,19 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(const Params p)
   // relative to the pointers, which advance by U steps per ring turn; slots past the warp's range
   // keep stale data and are never consumed.
   auto step = [&](const int i, const int u, auto ss_tag) {
+    if (kXring) {  // W of step i from the ring (or smem: wa / wb filled by the caller), x from slot u
+      compute(wa[u], wb[u], xr[u], gr[u], ss_tag);
+      if (i + U < cnt_full) {
+        if (!kWsm) {
+          wa[u] = ld_w<kEF>(pa + 32 * (u + U), pol);
+          wb[u] = ld_w<kEF>(pb + 32 * (u + U), pol);
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) xr[u][j] = frms::ld_cached(px0 + xoff[j] + 32 * (u + U));
+        if (kG) gr[u] = frms::ld_cached(pg + 32 * (u + U));
+      }
+      return;
+    }
     const int cur = kXpf ? (u & 1) : 0;
     if (kXpf) {
       if (i + 1 < cnt_full) {
@@ -275,12 +349,62 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(const Params p)
 
   // The warps that square x (wn == 0) run their own copy of the loop, so the others carry no
   // per-step branch or if-converted squares.
+  // kWsm: this warp's stages of W in shared memory (after the reduction area is no longer aliased:
+  // it is, the loop finishes before the reduction writes, see the barrier there), one mbarrier each.
+  // Stage q holds steps [q * SPS, q * SPS + SPS) of the warp's full steps; lane r < 16 copies row r.
+  unsigned char* wst = reinterpret_cast<unsigned char*>(smem4) + size_t(warp) * NS * (kWsm ? wstage_bytes(WL) : 0);
+  __shared__ uint64_t wbar_s[kWsm ? kWarps * NS : 1];
+  uint64_t* wbar = wbar_s + (kWsm ? warp * NS : 0);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int nstage = (cnt_full + SPS - 1) / SPS;
+  const T* wrow = W + min64(n0 + wn * 16 + (lane & 15), p.N - 1) * p.ldw + s_beg * 32;  // lanes 0..15
+  auto issue = [&](int q) {  // whole warp; fills stage q % NS
+    const int nsteps = min(SPS, cnt_full - q * SPS);
+    uint64_t* bar = wbar + q % NS;
+    if (lane == 0) mbar_expect_tx(bar, uint32_t(16 * 64 * nsteps));
+    __syncwarp();
+    if (lane < 16)
+      bulk_g2s(wst + (q % NS) * wstage_bytes(WL) + wrow_off(WL, lane), wrow + int64_t(q) * SPS * 32,
+               uint32_t(64 * nsteps), bar, pol);
+  };
+  if constexpr (kWsm) {
+    if (lane == 0) {
+      for (int q = 0; q < NS; ++q) mbar_init(wbar + q, 1);
+      // make the initialised barriers visible to the async proxy (the bulk copies' complete_tx)
+      asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
+    }
+    __syncwarp();
+    for (int q = 0; q < NS && q < nstage; ++q) issue(q);
+  }
+#endif
+
   auto run = [&](auto ss_tag) {
     int i0 = 0;
     for (; i0 < cnt_full; i0 += U) {  // ring turns; only the last one can be partial
+      if constexpr (kWsm) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        const int q = i0 / SPS, o = i0 % SPS;
+        if (o == 0) mbar_wait(wbar + q % NS, uint32_t((q / NS) & 1));
+        const unsigned char* sb = wst + (q % NS) * wstage_bytes(WL) + 16 * t + 64 * o;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          wa[u] = lds128(sb + wrow_off(WL, g) + 64 * u);
+          wb[u] = lds128(sb + wrow_off(WL, g + 8) + 64 * u);
+        }
+#endif
+      }
 #pragma unroll
       for (int u = 0; u < U; ++u)
         if (u == 0 || i0 + u < cnt_full) step(i0 + u, u, ss_tag);
+      if constexpr (kWsm) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        const int q = i0 / SPS;
+        if ((i0 + U) % SPS == 0 && q + NS < nstage) {  // the warp is done with stage q: refill it
+          __syncwarp();
+          issue(q + NS);
+        }
+#endif
+      }
       pa += 32 * U;
       pb += 32 * U;
       px0 += 32 * U;
@@ -304,6 +428,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(const Params p)
   float* red = smem;                        // [n_wk][TOK][RS]
   float* ss_red = red + n_wk * TOK * RS;    // [n_wk][TOK]
   float* s_rstd = ss_red + n_wk * TOK;      // [TOK]
+  if (kWsm) __syncthreads();  // the reduction area aliases the W stages of the other warps
   {
     float* rw = red + wk * TOK * RS + wn * 16;
 #pragma unroll
@@ -420,20 +545,32 @@ bool cluster_capable(K kernel, int dev) {
 constexpr int kRing = 4;
 constexpr int kRingDeep = 8;
 
-template <typename T, int NT, int U, bool kEF, bool kG>
+template <typename T, int NT, int U, bool kEF, bool kG, int WL = 0>
 int launch(Params p, cudaStream_t s) {
   constexpr int TOK = 8 * NT;
-  auto kernel = decode_mma_kernel<T, NT, U, kG, kEF>;
+  auto kernel = decode_mma_kernel<T, NT, U, kG, kEF, WL>;
   const int dev = current_device();
   static signed char capable[kMaxDevices];  // 0 unknown, 1 yes, -1 no
   if (capable[dev] == 0) capable[dev] = cluster_capable(kernel, dev) ? 1 : -1;
   const bool clusters = capable[dev] > 0;
+  if (WL >= 2 && !clusters) return FRMS_ERR_UNSUPPORTED;  // cp.async.bulk: sm_90 code on an sm_90 device
+  // W stages (wload 2 / 3) share the dynamic smem with the reduction area (used after the loop)
+  constexpr size_t kStage = wstage_smem(WL);
+  auto smem_of = [&](size_t red) { return red > kStage ? red : kStage; };
+  static signed char opted[kMaxDevices];  // > 48 KB of dynamic smem needs the opt-in
+  if (kStage > 48 * 1024 && opted[dev] == 0) {
+    opted[dev] = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStage)) == cudaSuccess
+                     ? 1
+                     : -1;
+    cudaGetLastError();
+  }
+  if (kStage > 48 * 1024 && opted[dev] < 0) return FRMS_ERR_UNSUPPORTED;
   // resident CTAs per SM of this instantiation (registers bound it: 2 at __launch_bounds__(256, 2));
   // the smem of wn = 1 (the largest) is the conservative size
   static signed char per_sm[kMaxDevices];
   if (per_sm[dev] == 0) {
     int n = 0;
-    const size_t smem1 = sizeof(float) * size_t(kWarps * TOK * (16 + 4) + kWarps * TOK + TOK);
+    const size_t smem1 = smem_of(sizeof(float) * size_t(kWarps * TOK * (16 + 4) + kWarps * TOK + TOK));
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem1) != cudaSuccess || n <= 0) {
       cudaGetLastError();
       n = 2;
@@ -449,7 +586,7 @@ int launch(Params p, cudaStream_t s) {
   if (gx > 0x7fffffff || gz > 65535) return FRMS_ERR_BAD_ARG;
   if (int64_t(TOK) * p.ldx >= (int64_t(1) << 31)) return FRMS_ERR_BAD_ARG;  // 32-bit x row offsets
   const int wk = kWarps / p.wn;
-  const size_t smem = sizeof(float) * size_t(wk * TOK * (bn + 4) + wk * TOK + TOK);
+  const size_t smem = smem_of(sizeof(float) * size_t(wk * TOK * (bn + 4) + wk * TOK + TOK));
 
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(gx), unsigned(p.ksplit), unsigned(gz));
@@ -490,8 +627,18 @@ template <typename T, int NT>
 constexpr bool kVariants = true;
 #endif
 
+// wload 1..3 (see the header): NT <= 2, kRing, evict_first only (ldpolicy must be 0, steps 4).
 template <typename T, int NT, bool kG>
-int launch_variant(const Params& p, int steps, bool ef, cudaStream_t s) {
+int launch_variant(const Params& p, int steps, bool ef, int wload, cudaStream_t s) {
+  if (wload != 0) {
+    if constexpr (NT <= 2 && kVariants<T, NT>) {
+      if (steps != kRing || !ef) return FRMS_ERR_VARIANT;
+      if (wload == 1) return launch<T, NT, kRing, true, kG, 1>(p, s);
+      if (wload == 2) return launch<T, NT, kRing, true, kG, 2>(p, s);
+      if (wload == 3) return launch<T, NT, kRing, true, kG, 3>(p, s);
+    }
+    return FRMS_ERR_VARIANT;
+  }
   if (steps == kRing && ef) return launch<T, NT, kRing, true, kG>(p, s);
   if constexpr (NT <= 2 && kVariants<T, NT>) {
     if constexpr (NT == 1 || !kG) {
@@ -504,22 +651,22 @@ int launch_variant(const Params& p, int steps, bool ef, cudaStream_t s) {
 }
 
 template <typename T, bool kG>
-int launch_nt(const Params& p, int steps, bool ef, cudaStream_t s) {
+int launch_nt(const Params& p, int steps, bool ef, int wload, cudaStream_t s) {
   const int64_t mv = p.M;  // rows per chunk: the smallest of 8 / 16 / 32 that covers M
-  if (mv <= 8) return launch_variant<T, 1, kG>(p, steps, ef, s);
-  if (mv <= 16) return launch_variant<T, 2, kG>(p, steps, ef, s);
-  return launch_variant<T, 4, kG>(p, steps, ef, s);
+  if (mv <= 8) return launch_variant<T, 1, kG>(p, steps, ef, wload, s);
+  if (mv <= 16) return launch_variant<T, 2, kG>(p, steps, ef, wload, s);
+  return launch_variant<T, 4, kG>(p, steps, ef, wload, s);
 }
 
 template <typename T>
-int launch_g(const Params& p, int steps, bool ef, cudaStream_t s) {
-  return p.g ? launch_nt<T, true>(p, steps, ef, s) : launch_nt<T, false>(p, steps, ef, s);
+int launch_g(const Params& p, int steps, bool ef, int wload, cudaStream_t s) {
+  return p.g ? launch_nt<T, true>(p, steps, ef, wload, s) : launch_nt<T, false>(p, steps, ef, wload, s);
 }
 }  // namespace
 
 extern "C" int frms_decode_mma(int dtype, const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw,
                                const void* bias, void* y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps,
-                               int wn, int ksplit, int steps, int ldpolicy, void* stream) {
+                               int wn, int ksplit, int steps, int ldpolicy, int wload, void* stream) {
   if (M <= 0 || N <= 0) return 0;
   if (K <= 0 || K % frms::kVec || ldx % frms::kVec || ldw % frms::kVec) return FRMS_ERR_BAD_ARG;
   if (!frms::aligned16(x) || !frms::aligned16(w) || (g && !frms::aligned16(g))) return FRMS_ERR_BAD_ARG;
@@ -528,12 +675,13 @@ extern "C" int frms_decode_mma(int dtype, const void* x, int64_t ldx, const void
   if (steps == 0) steps = kRing;
   if (steps != kRing && steps != kRingDeep) return FRMS_ERR_BAD_ARG;
   if (ldpolicy != 0 && ldpolicy != 1) return FRMS_ERR_BAD_ARG;
+  if (wload < 0 || wload > 3) return FRMS_ERR_BAD_ARG;
   Params p{x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, wn, ksplit};
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   int st = FRMS_ERR_BAD_ARG;
   if (dtype == FRMS_DTYPE_F16)
-    st = launch_g<__half>(p, steps, ldpolicy == 0, s);
+    st = launch_g<__half>(p, steps, ldpolicy == 0, wload, s);
   else if (dtype == FRMS_DTYPE_BF16)
-    st = launch_g<__nv_bfloat16>(p, steps, ldpolicy == 0, s);
+    st = launch_g<__nv_bfloat16>(p, steps, ldpolicy == 0, wload, s);
   return st != 0 ? st : int(cudaGetLastError());
 }

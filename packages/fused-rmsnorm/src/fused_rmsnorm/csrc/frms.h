@@ -28,9 +28,11 @@ int frms_decode(int dtype, const void* x, int64_t ldx, const void* g, const void
 // rows per CTA); ksplit: CTAs of a thread-block cluster splitting K (0 = auto; > 1 needs sm_90).
 // steps: W loads in flight per lane (0 = 4; 8 only for M <= 16); ldpolicy: W loads 0 = L1 no-allocate +
 // L2 evict_first, 1 = plain read-only loads (only for M <= 16 unless steps == 4 and ldpolicy == 0).
+// wload: 0 = default; 1 = x in the W ring (U steps ahead); 2 / 3 = 1 + W staged in smem by cp.async.bulk
+// (256 / 512-B row pieces, 3 stages; sm_90 only). wload > 0: M <= 16, steps 4 and ldpolicy 0 only.
 int frms_decode_mma(int dtype, const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw,
                     const void* bias, void* y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int wn,
-                    int ksplit, int steps, int ldpolicy, void* stream);
+                    int ksplit, int steps, int ldpolicy, int wload, void* stream);
 
 // rstd[m] = 1 / sqrt(mean_k x[m, k]^2 + eps) in fp32. signal_dependents: trigger Hopper PDL early.
 int frms_rstd(int dtype, const void* x, int64_t ldx, float* rstd, int64_t M, int64_t K, float eps, void* stream);

@@ -92,9 +92,10 @@ def plan(arch: str, M: int, N: int, K: int, *, has_gemm: bool, has_mma: bool = T
     if path == "gemm" and (N % 8 or K % 8):
         path = "torch_gemm"  # TMA / cp.async need 16-byte aligned rows of W' and of the output
     if path == "decode_mma" and M > MMA_VARIANT_MAX_M:
-        # the (steps, ldpolicy) variants are compiled for <= 16 tokens per CTA only
+        # the (steps, ldpolicy, wload) variants are compiled for <= 16 tokens per CTA only
         cfg.pop("steps", None)
         cfg.pop("ldpolicy", None)
+        cfg.pop("wload", None)
     cfg["path"] = path
     return cfg
 
@@ -103,16 +104,23 @@ MMA_VARIANT_MAX_M = 16
 _LDPOLICY = {"evict_first": 0, "plain": 1}
 
 
-def mma_variant_args(cfg: dict) -> tuple[int, int]:
-    """(steps, ldpolicy code) of a decode_mma config: "steps" 4 | 8 (W loads in flight per lane, default
-    4), "ldpolicy" "evict_first" (L1 no-allocate + L2 evict_first W loads, default) | "plain"."""
+def mma_variant_args(cfg: dict) -> tuple[int, int, int]:
+    """(steps, ldpolicy code, wload) of a decode_mma config: "steps" 4 | 8 (W loads in flight per lane,
+    default 4), "ldpolicy" "evict_first" (L1 no-allocate + L2 evict_first W loads, default) | "plain",
+    "wload" 0 (default) | 1 (x prefetched in the W ring) | 2 / 3 (1 + W staged through shared memory by
+    cp.async.bulk, 256 / 512-B row pieces, sm_90 only); wload > 0 needs steps 4 and ldpolicy evict_first."""
     steps = int(cfg.get("steps", 0))
     if steps not in (0, 4, 8):
         raise ValueError(f"decode_mma config 'steps' must be 4 or 8, got {cfg.get('steps')!r}")
     pol = cfg.get("ldpolicy", "evict_first")
     if pol not in _LDPOLICY:
         raise ValueError(f"decode_mma config 'ldpolicy' must be one of {sorted(_LDPOLICY)}, got {pol!r}")
-    return steps, _LDPOLICY[pol]
+    wload = cfg.get("wload", 0)
+    if isinstance(wload, bool) or wload not in (0, 1, 2, 3):
+        raise ValueError(f"decode_mma config 'wload' must be 0, 1, 2 or 3, got {wload!r}")
+    if wload and (steps not in (0, 4) or pol != "evict_first"):
+        raise ValueError(f"decode_mma config 'wload' {wload} needs steps 4 and ldpolicy 'evict_first', got {cfg!r}")
+    return steps, _LDPOLICY[pol], int(wload)
 
 
 def _as_2d_rows(t: torch.Tensor, name: str) -> torch.Tensor:
@@ -190,11 +198,13 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
         else:  # functional call: the kernel applies g itself (to x or to W, whichever is cheaper)
             w2, g = _as_2d_rows(w_lin, "w_lin"), _vec(w_norm)
             gptr = g.data_ptr()
-        steps, ldpolicy = mma_variant_args(p)
+        steps, ldpolicy, wload = mma_variant_args(p)
+        if wload >= 2 and cap[0] < 9:
+            wload = 1  # the cp.async.bulk stages need sm_90; the register path of the same variant
         mod.decode_mma(
             dt, x2.data_ptr(), _ld(x2), gptr, w2.data_ptr(), _ld(w2), bptr,
             out.data_ptr(), out.stride(0), M, N, D, float(eps), int(p.get("wn", 0)),
-            int(p.get("ksplit", 0)), stream, steps, ldpolicy,
+            int(p.get("ksplit", 0)), stream, steps, ldpolicy, wload,
         )  # fmt: skip
         return out.reshape(*lead, N)
     if p["path"] == "decode":
