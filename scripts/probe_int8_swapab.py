@@ -52,8 +52,14 @@ CANDS = {
     "S3 128x128 s6": sw(128, 128, 6),
     "S4 64x512 s4": sw(64, 512, 4),
     "S5 128x512 s3": sw(128, 512, 3),
+    # 80 KB of shared memory: two programs per SM, so twice the auto split (two co-resident waves)
+    "S6 64x256 s4 2xsk": dict(sw(64, 256, 4), _split_mult=2),
 }
-DRY_CANDS = {"D1 64x32 s2": sw(64, 32, 2), "D2 64x32 s2 sk3": sw(64, 32, 2, sk=3)}
+DRY_CANDS = {
+    "D1 64x32 s2": sw(64, 32, 2),
+    "D2 64x32 s2 sk3": sw(64, 32, 2, sk=3),
+    "D3 2xsk": dict(sw(64, 32, 2), _split_mult=2),
+}
 MODES = ("pdl", "two", "gemm")  # priority order within a candidate
 
 
@@ -68,12 +74,17 @@ def cands(gpu: bool) -> dict:
 
 
 def resolved(cfg: dict, shape, dev) -> dict:
-    """The config with SPLIT_K as the plan resolved it for this shape (what a tuning entry pins)."""
+    """The config with SPLIT_K as the plan resolved it for this shape (what a tuning entry pins);
+    the probe-only "_split_mult" multiplies the automatic split."""
     M, N, K = shape
+    mult = cfg.get("_split_mult", 1)
+    cfg = {k: v for k, v in cfg.items() if k != "_split_mult"}
     a = torch.empty((M, K), dtype=torch.int8, device=dev)
     w = torch.empty((N, K), dtype=torch.int8, device=dev)
     p = G._get_plan(a, w.t(), None, None, None, P.OUT_DTYPE, cfg, False, False)
-    return dict(cfg, SPLIT_K=p.split_k) if p.kind == "swapab" else dict(cfg)
+    if p.kind != "swapab":
+        return cfg
+    return dict(cfg, SPLIT_K=max(1, min(16, p.split_k * mult, -(-K // cfg["BLOCK_K"]))))
 
 
 def _int32(sh, cfg):
@@ -103,18 +114,19 @@ def _worker(task):
         return idx, False, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}", time.time() - t0
 
 
-def compile_tasks(gpu: bool) -> list:
+def compile_tasks(gpu: bool, dev) -> list:
     """Swap-AB binaries do not depend on M (do_not_specialize) but on SPLIT_K, i.e. on (N, K):
-    one task per candidate and (N, K) at the largest M; the table paths once per shape."""
+    one task per candidate and resolved config; the table paths once per shape."""
     tasks = []
     shapes = shapes_for(gpu)
     seen = set()
     for shape in shapes:
-        for cfg in cands(gpu).values():
-            key = (shape[1], shape[2], json.dumps(cfg))
+        for cfg0 in cands(gpu).values():
+            cfg = resolved(cfg0, shape, dev)
+            key = json.dumps(cfg)
             if key not in seen:
                 seen.add(key)
-                tasks.append((shape, cfg, ("gemm", "int32", "pdl")))
+                tasks.append((shape, cfg, ("gemm", "int32", "pdl", "two")))
     tasks += [(shape, None, ("module", "gemm")) for shape in shapes]
     return tasks
 
@@ -151,9 +163,10 @@ def compile_phase(tasks, deadline, workers) -> dict:
 def name_of(cfg) -> str:
     if cfg is None:
         return "table"
-    base = {k: v for k, v in cfg.items() if k not in ("SPLIT_K", "PDL")}
+    skip = ("SPLIT_K", "PDL", "_split_mult")
+    base = {k: v for k, v in cfg.items() if k not in skip}
     for k, v in list(CANDS.items()) + list(DRY_CANDS.items()):
-        if {kk: vv for kk, vv in v.items() if kk != "SPLIT_K"} == base:
+        if {kk: vv for kk, vv in v.items() if kk not in skip} == base:
             return k
     return json.dumps(cfg)
 
@@ -285,7 +298,7 @@ def main() -> None:
     arch = G._arch(dev) if gpu else "cpu"
     res = {"env": {"torch": torch.__version__, "triton": __import__("triton").__version__, "arch": arch,
                    "gpu": torch.cuda.get_device_name(0) if gpu else None}, "candidates": cands(gpu)}  # fmt: skip
-    tasks = compile_tasks(gpu)
+    tasks = compile_tasks(gpu, dev)
     print(f"probe_int8_swapab: {len(tasks)} compile tasks, budget {args.budget:.0f}s, arch {arch}", flush=True)
     if gpu or args.dry_compile:
         st = compile_phase(tasks, t0 + args.budget * args.compile_share, args.workers)
@@ -293,6 +306,7 @@ def main() -> None:
             dict(
                 shape=t[0],
                 name=name_of(t[1]),
+                cfg=t[1],
                 kinds=t[2],
                 ok=st.get(i, (None,))[0],
                 s=round(st.get(i, (0, 0, 0))[2], 1),
