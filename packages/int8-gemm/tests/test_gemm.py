@@ -721,3 +721,138 @@ def test_gemv_fused_quant_cuda_graph_gpu(M):
             out, gmod._launch(xq, W.t(), sa.view(-1), sb, None, torch.bfloat16, cfg), rtol=0, atol=0
         )
     assert not torch.equal(out, ref)
+
+
+# ----------------------------------------------------------------------------------------------
+# Swap-AB decode kernel (C^T = W . x^T, TMA + wgmma on SM90; "SWAP_AB": 1 configs)
+# ----------------------------------------------------------------------------------------------
+
+
+def _swap_cfg(split_k=1, bn=64, bk=64, **kw):
+    return dict(SWAP_AB=1, BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=1, SPLIT_K=split_k,
+                num_warps=4, num_stages=3, **kw)  # fmt: skip
+
+
+@pytest.mark.parametrize("M", [1, 5, 16])
+@pytest.mark.parametrize("K,split_k", [(96, 1), (1000, 3)])
+def test_swapab_exact(M, K, split_k, monkeypatch):
+    """int32 products exact (odd N: zero-filled weight rows; K tail; M < 16: zero-filled tokens);
+    dequant + bias vs float64, and bit-identical to the pointer kernel's epilogue math."""
+    _need_interp()
+    if gmod._TensorDescriptor is None:
+        pytest.skip("this Triton has no host-side TensorDescriptor")
+    _poisoned_launch(monkeypatch)
+    torch.manual_seed(M * 10 + K)
+    N = 200
+    A, W = _rand_i8(M, K), _rand_i8(N, K)
+    cfg = _swap_cfg(split_k, bn=64, bk=128 if K > 500 else 32)
+    p = gmod._get_plan(A, W.t(), None, None, None, torch.int32, cfg, False, False)
+    assert p.kind == "swapab" and p.split_k == split_k and p.fused == (split_k > 1)
+    for _ in range(2):  # the second run proves the split-K arrival counters were reset
+        c = gmod._launch(A, W.t(), None, None, None, torch.int32, cfg)
+        assert torch.equal(c.long(), _ref_int(A, W.t()))
+    sa, sb, bias = torch.rand(M) + 0.1, torch.rand(N) + 0.1, torch.randn(N)
+    d = gmod._launch(A, W.t(), sa, sb, bias, torch.float32, cfg)
+    torch.testing.assert_close(d.double(), _ref_deq(A, W.t(), sa, sb, bias), rtol=1e-5, atol=1e-3)
+    assert torch.equal(d, gmod._gemm_torch(A, W.t(), sa, sb, bias, torch.float32))
+    h = gmod._launch(A, W.t(), sa, sb, None, torch.float16, cfg)
+    std = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=1, SPLIT_K=1, num_warps=4, num_stages=1)
+    assert torch.equal(h, gmod._launch(A, W.t(), sa, sb, None, torch.float16, std))
+
+
+def test_swapab_two_kernel_reduction_and_fallbacks(monkeypatch):
+    """FUSED_REDUCE false (partials + _splitk_reduce_kernel); calls the swap-AB kernel cannot take
+    (M > 16, row-major B, fused quantization, odd-strided x) run the pointer kernel, still exact."""
+    _need_interp()
+    if gmod._TensorDescriptor is None:
+        pytest.skip("this Triton has no host-side TensorDescriptor")
+    _poisoned_launch(monkeypatch)
+    torch.manual_seed(3)
+    N, K = 70, 160
+    W = _rand_i8(N, K)
+    cfg = _swap_cfg(2, bk=32, FUSED_REDUCE=False)
+    A = _rand_i8(7, K)
+    p = gmod._get_plan(A, W.t(), None, None, None, torch.int32, cfg, False, False)
+    assert p.kind == "swapab" and not p.fused and p.reduce_grid is not None
+    sa, sb = torch.rand(7) + 0.1, torch.rand(N) + 0.1
+    d = gmod._launch(A, W.t(), sa, sb, None, torch.float32, cfg)
+    torch.testing.assert_close(d.double(), _ref_deq(A, W.t(), sa, sb), rtol=1e-5, atol=1e-3)
+    A17 = _rand_i8(17, K)
+    assert gmod._get_plan(A17, W.t(), None, None, None, torch.int32, cfg, False, False).kind == "std"
+    assert torch.equal(gmod._launch(A17, W.t(), None, None, None, torch.int32, cfg).long(), _ref_int(A17, W.t()))
+    Wr = W.t().contiguous()
+    assert gmod._get_plan(A, Wr, None, None, None, torch.int32, cfg, False, False).kind == "std"
+    assert torch.equal(gmod._launch(A, Wr, None, None, None, torch.int32, cfg).long(), _ref_int(A, Wr))
+    x = torch.randn(3, K)
+    assert gmod._get_plan(x, W.t(), None, sb, None, torch.float32, cfg, True, False).kind == "std"
+    A_odd = _rand_i8(3, K + 8)[:, 3 : K + 3]  # row stride K + 8 is fine, the base is 3 bytes off
+    assert not gmod._swapab_tma_ok(A_odd, W.t())
+    assert torch.equal(gmod._launch(A_odd, W.t(), None, None, None, torch.int32, cfg).long(), _ref_int(A_odd, W.t()))
+
+
+def test_int8_linear_swapab_from_config(monkeypatch):
+    """A "SWAP_AB": 1 tuning entry routes int8_linear's GEMM through the swap-AB kernel."""
+    _need_interp()
+    if gmod._TensorDescriptor is None:
+        pytest.skip("this Triton has no host-side TensorDescriptor")
+    from int8_gemm import int8_linear
+
+    torch.manual_seed(78)
+    M, N, K = 4, 90, 128
+    x, W = torch.randn(M, K, dtype=torch.float16), _rand_i8(N, K)
+    sb, bias = torch.rand(N) + 0.1, torch.randn(N, dtype=torch.float16)
+    ref = int8_linear(x, W, sb, bias)  # shipped table path
+    cfg = _swap_cfg(2, bk=32)
+    monkeypatch.setattr(gmod, "_config_for", lambda *a: cfg)
+    seen = []
+    real = gmod._int8_gemm_swapab_kernel
+    monkeypatch.setattr(gmod, "_int8_gemm_swapab_kernel", type("Spy", (), {
+        "__getitem__": lambda self, grid: (seen.append(grid), real[grid])[1], "fn": real.fn})())  # fmt: skip
+    out = int8_linear(x, W, sb, bias)
+    assert seen, "the swap-AB kernel did not run"
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 8, 16])
+@pytest.mark.parametrize("N,K", [(4096, 4096), (14336, 4096), (4096, 14336), (1000, 1008)])
+@pytest.mark.parametrize("bn,bk,stages,split_k", [(64, 256, 6, 0), (128, 512, 3, 4)])
+def test_swapab_gpu(M, N, K, bn, bk, stages, split_k):
+    """SM90 swap-AB decode at LLM shapes: int32 exact, dequant vs float64, PDL launch after the
+    quantizer equal to the plain launch, also under CUDA-graph replay."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("swap-AB kernel is SM90+")
+    from int8_gemm.ops import quantize as qmod
+
+    torch.manual_seed(M + N + K)
+    W = _rand_i8(N, K, device="cuda")
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    sb = torch.rand(N, device="cuda") * 1e-3
+    cfg = _swap_cfg(split_k, bn=bn, bk=bk)
+    cfg["num_stages"] = stages
+    xq, sa = quantize_symmetric(x)
+    sa = sa.view(-1)
+    assert gmod._get_plan(xq, W.t(), None, None, None, torch.int32, cfg, False, False).kind == "swapab"
+    c = gmod._launch(xq, W.t(), None, None, None, torch.int32, cfg)
+    assert torch.equal(c.double(), xq.double() @ W.double().t()), "swap-AB int32 products are not exact"
+    d = gmod._launch(xq, W.t(), sa, sb, None, torch.float32, cfg)
+    exact = (xq.double() @ W.double().t()) * sa.double()[:, None] * sb.double()[None, :]
+    torch.testing.assert_close(d.double(), exact, rtol=1e-6, atol=1e-6 * exact.abs().max().item())
+
+    def run(pdl):
+        q, s = qmod._launch_quantize_rows(x, pdl=pdl)
+        return gmod._launch(q, W.t(), s, sb, None, torch.bfloat16, cfg, pdl=pdl)
+
+    ref = run(False)
+    assert torch.equal(run(True), ref)
+    st = torch.cuda.Stream()
+    with torch.cuda.stream(st):
+        run(True)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = run(True)
+    for _ in range(3):
+        x.normal_()
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, run(False))

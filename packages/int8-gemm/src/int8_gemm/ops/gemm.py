@@ -12,6 +12,9 @@
   has to transpose the tile).
 * Tile order is grouped (GROUP_M swizzle) for L2 reuse.
 * Small M (decode) uses a small BLOCK_M plus split-K so the weight streams from every SM.
+* Decode (M <= 16) on SM90 can instead run swap-AB (``"SWAP_AB": 1``): C^T = W . x^T, weight
+  rows as the wgmma M dimension, the tokens (padded to 16 by TMA zero-fill) as its N, both
+  operands streamed by multi-stage TMA (``_int8_gemm_swapab_kernel``).
 * ``out_dtype=torch.int32`` returns the raw int32 product (``sa``/``sb``/``bias`` must be None),
   like ``torch._int_mm`` but without its M > 16 restriction.
 * Configs come from ``tuning.json`` (arch -> M bucket [, N, K]); ``INT8_GEMM_AUTOTUNE=1``
@@ -577,6 +580,132 @@ def _int8_gemm_tma_kernel(
 
 
 @triton.jit
+def _epilogue_t(
+    acc,
+    c_ptr,
+    sa_ptr,
+    sb_ptr,
+    bias_ptr,
+    offs_n,
+    offs_t,
+    M,
+    N,
+    stride_cm,
+    stride_cn,
+    stride_sa,
+    stride_sb,
+    HAS_BIAS: tl.constexpr,
+    OUT_INT32: tl.constexpr,
+):
+    """_epilogue for a transposed (BLOCK_N weight rows, BLOCK_T tokens) tile of C^T, stored into
+    C (M, N). Same float math in the same order as _epilogue: (acc * sa) * sb (+ bias)."""
+    mask_n = offs_n < N
+    mask_t = offs_t < M
+    mask = mask_n[:, None] & mask_t[None, :]
+    c_ptrs = c_ptr + offs_t[None, :] * stride_cm + offs_n[:, None] * stride_cn
+    if OUT_INT32:
+        tl.store(c_ptrs, acc, mask=mask)
+    else:
+        sa = tl.load(sa_ptr + offs_t * stride_sa, mask=mask_t, other=0.0)
+        sb = tl.load(sb_ptr + offs_n * stride_sb, mask=mask_n, other=0.0)
+        c = acc.to(tl.float32) * sa[None, :] * sb[:, None]
+        if HAS_BIAS:
+            c += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
+        tl.store(c_ptrs, c.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+# M is not specialized (M = 1, 8, 16 share one binary: every token count of a decode batch).
+@triton.jit(do_not_specialize=["M"])
+def _int8_gemm_swapab_kernel(
+    w_desc,
+    x_desc,
+    c_ptr,
+    ws_ptr,
+    cnt_ptr,
+    sa_ptr,
+    sb_ptr,
+    bias_ptr,
+    M,
+    N,
+    K,
+    stride_cm,
+    stride_cn,
+    stride_sa,
+    stride_sb,
+    HAS_BIAS: tl.constexpr,
+    OUT_INT32: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr,
+    PDL_WAIT: tl.constexpr = False,
+    WS_I32: tl.constexpr = False,
+):
+    """Decode (M <= BLOCK_T tokens) as swap-AB: C^T (N, M) = W (N, K) . x^T, so the weight rows
+    are the MMA's M dimension (wgmma m64 per warpgroup on SM90) and the few tokens its N dimension
+    (BLOCK_T = 16): no MMA rows are wasted on padding tokens. Both operands arrive by TMA:
+    w_desc is the (N, K) K-major weight in (BLOCK_N, BLOCK_K) boxes, x_desc the (M, K) row-major
+    activation in (BLOCK_T, BLOCK_K) boxes, which is exactly the K-major B operand int8 wgmma
+    needs (x.T). TMA zero-fills the token rows >= M, the weight rows >= N and the K tail, so the
+    loop has no masks; the epilogue masks. Grid (N tiles, SPLIT_K): each split owns a range of
+    whole K blocks; int32 partials go to ws (SPLIT_K, M, N) like _int8_gemm_kernel's, summed by the
+    last-arriving split (FUSED_REDUCE) or by _splitk_reduce_kernel."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    off_n = pid_n * BLOCK_N
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    kt0 = pid_k * per_split
+    kt1 = tl.minimum(kt0 + per_split, k_tiles)
+    if PDL_WAIT:
+        # Programmatic dependent of the quantizer: nothing is read or written before its grid is done
+        # (the weight could stream earlier, but Triton's pipeliner owns the first TMA issues).
+        gdc_wait()
+    acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.int32)
+    for kt in range(kt0, kt1):
+        k = kt * BLOCK_K
+        w = w_desc.load([off_n, k])
+        x = x_desc.load([0, k])
+        acc = tl.dot(w, x.T, acc, out_dtype=tl.int32)
+
+    offs_n32 = off_n + tl.arange(0, BLOCK_N)
+    offs_t32 = tl.arange(0, BLOCK_T)
+    offs_n = offs_n32.to(tl.int64)
+    offs_t = offs_t32.to(tl.int64)
+    if SPLIT_K == 1:
+        _epilogue_t(
+            acc, c_ptr, sa_ptr, sb_ptr, bias_ptr, offs_n, offs_t, M, N,
+            stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32,
+        )  # fmt: skip
+    else:
+        mask = (offs_n32 < N)[:, None] & (offs_t32 < M)[None, :]
+        if WS_I32:
+            ws_off = offs_t32[None, :] * N + offs_n32[:, None]
+        else:
+            ws_off = offs_t[None, :] * N + offs_n[:, None]
+        plane = (tl.full((), 0, tl.int64) + M) * N
+        tl.store(ws_ptr + pid_k.to(tl.int64) * plane + ws_off, acc, mask=mask)
+        if FUSED_REDUCE:
+            # as in _int8_gemm_kernel: the last of the SPLIT_K programs of this tile to arrive sums
+            # the partials in split order (deterministic) and runs the epilogue
+            tl.debug_barrier()
+            arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                tl.debug_barrier()
+                part_base = ws_ptr
+                acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.int32)
+                for _ in range(0, SPLIT_K):
+                    acc += tl.load(part_base + ws_off, mask=mask, other=0, cache_modifier=".cg")
+                    part_base += plane
+                _epilogue_t(
+                    acc, c_ptr, sa_ptr, sb_ptr, bias_ptr, offs_n, offs_t, M, N,
+                    stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32,
+                )  # fmt: skip
+                tl.atomic_xchg(cnt_ptr + pid_n, 0)  # self-reset for the next launch
+
+
+@triton.jit
 def _splitk_reduce_kernel(
     ws_ptr,
     c_ptr,
@@ -871,6 +1000,10 @@ def _make_plan(A, B, sa, sb, bias, out_dtype, cfg, quant_a, pdl, allow_fused=Tru
     )
     if cfg.get("GEMV", 0) and b_kmajor and M <= _GEMV_MAX_M:
         return _gemv_plan(p, A, B, cfg, M, N, K, bias, out_dtype, quant_a, on_gpu, allow_fused, pdl)
+    if cfg.get("SWAP_AB", 0):
+        if _swapab_eligible(A, b_kmajor, M, quant_a, on_gpu):
+            return _swapab_plan(p, A, cfg, M, N, K, bias, out_dtype, on_gpu, allow_fused, pdl)
+        return _make_plan(A, B, sa, sb, bias, out_dtype, _SWAPAB_FALLBACK, quant_a, pdl, allow_fused)
     p.num_tiles = _cdiv(M, bm) * _cdiv(N, bn)
     if cfg.get("TMA", 0) and split_k == 1 and not quant_a and not pdl and _TensorDescriptor is not None:
         p.kind = "tma"
@@ -980,6 +1113,80 @@ def _gemv_plan(p, A, B, cfg, M, N, K, bias, out_dtype, quant_a, on_gpu, allow_fu
     return p
 
 
+_SWAPAB_MAX_M = 16  # tokens per swap-AB program: the wgmma N dimension (BLOCK_T)
+# A "SWAP_AB": 1 entry on a call the swap-AB kernel cannot take (pre-SM90 GPU, M > 16, row-major B,
+# fused quantization, TMA-unaligned operands) runs the pointer kernel with the shipped generic
+# sm90 M <= 16 config instead (the entry's own tiles/stages may not fit the pointer kernel's smem).
+_SWAPAB_FALLBACK = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, GROUP_M=1, SPLIT_K=0, num_warps=4, num_stages=4)
+
+
+def _swapab_eligible(A, b_kmajor, M, quant_a, on_gpu) -> bool:
+    if not b_kmajor or quant_a or M > _SWAPAB_MAX_M or _TensorDescriptor is None:
+        return False
+    if not on_gpu:
+        return True  # the interpreter (CPU tests) runs the descriptor loads
+    arch = _arch(A.device)
+    return arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= 90
+
+
+def _swapab_tma_ok(A: torch.Tensor, B: torch.Tensor) -> bool:
+    """Per-call TMA facts not in the plan key: 16-byte aligned bases and row strides. A single
+    token row's stride is never used (it gets a rounded-up one in its descriptor)."""
+    return (
+        A.stride(1) == 1
+        and B.stride(0) == 1
+        and (A.stride(0) % 16 == 0 or A.shape[0] == 1)
+        and B.stride(1) % 16 == 0
+        and A.data_ptr() % 16 == 0
+        and B.data_ptr() % 16 == 0
+    )
+
+
+def _swapab_split_k(N: int, K: int, bn: int, bk: int, num_sms: int) -> int:
+    """Decode streams the weight once: about one wave of programs (tiles * split <= 1.25 x SMs),
+    each split keeping >= 2 K-blocks so the TMA pipeline has something to overlap."""
+    tiles = _cdiv(N, bn)
+    k_blocks = _cdiv(K, bk)
+    split = 1
+    while tiles * split * 2 <= num_sms + num_sms // 4 and k_blocks // (split * 2) >= 2 and split < 16:
+        split *= 2
+    return split
+
+
+def _swapab_plan(p, A, cfg, M, N, K, bias, out_dtype, on_gpu, allow_fused, pdl) -> _Plan:
+    """Swap-AB decode ("SWAP_AB": 1; M <= 16, K-major B, SM90): grid (N / BLOCK_N, SPLIT_K) of
+    _int8_gemm_swapab_kernel; BLOCK_N = weight rows per program (a multiple of 64: wgmma M)."""
+    p.kind = "swapab"
+    bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
+    split_k = int(cfg.get("SPLIT_K", 1))
+    if split_k <= 0:
+        split_k = _swapab_split_k(N, K, bn, bk, _num_sms(A.device.index or 0) if on_gpu else 4)
+    split_k = max(1, min(split_k, _cdiv(K, bk)))
+    fused = split_k > 1 and cfg.get("FUSED_REDUCE", True) and allow_fused
+    p.split_k, p.fused = split_k, fused
+    p.num_tiles = _cdiv(N, bn)
+    p.grid = (p.num_tiles, split_k)
+    p.tma = (bn, _SWAPAB_MAX_M, bk)
+    kw = dict(
+        HAS_BIAS=bias is not None,
+        OUT_INT32=out_dtype == torch.int32,
+        BLOCK_N=bn,
+        BLOCK_T=_SWAPAB_MAX_M,
+        BLOCK_K=bk,
+        SPLIT_K=split_k,
+        FUSED_REDUCE=fused,
+        num_warps=cfg.get("num_warps", 4),
+        num_stages=cfg.get("num_stages", 4),
+    )
+    if pdl and on_gpu:
+        kw.update(PDL_WAIT=True, launch_pdl=True)
+    if split_k > 1 and split_k * M * N < 2**31:
+        kw["WS_I32"] = True
+    p.kw = kw
+    p.reduce_grid = (_cdiv(M, 32), _cdiv(N, 128)) if split_k > 1 and not fused else None
+    return p
+
+
 def _dp4a_ok(A, B, K, bk, quant_a) -> bool:
     """dp4a GEMV reads the weight (and an int8 x) as 32-bit words: K % 4 == 0 and word-aligned
     rows; x must be K-contiguous. Alignment of the base pointers is part of the plan key."""
@@ -1042,6 +1249,8 @@ def _launch(
         # misaligned operands of a TMA-configured shape: the pointer kernel, same tiles
         cfg_nt = {k: v for k, v in p.cfg.items() if k not in ("TMA", "PERSISTENT", "EPI_SPLIT", "WARP_SPEC")}
         p = _get_plan(A, B, sa, sb, bias, out_dtype, cfg_nt, quant_a, pdl)
+    if p.kind == "swapab" and not _swapab_tma_ok(A, B):  # e.g. an odd-strided view: pointer kernel
+        p = _get_plan(A, B, sa, sb, bias, out_dtype, _SWAPAB_FALLBACK, quant_a, pdl)
     if p.kind == "gemv" and p.kw.get("DP4A") and (B.data_ptr() % 4 or (not quant_a and A.data_ptr() % 4)):
         # word loads need 4-byte aligned bases (not in the plan key): the byte-wise GEMV, uncached
         p = _make_plan(A, B, sa, sb, bias, out_dtype, dict(p.cfg, DP4A=0), quant_a, pdl)
@@ -1052,6 +1261,20 @@ def _launch(
             p = _make_plan(A, B, sa, sb, bias, out_dtype, p.cfg, quant_a, pdl, allow_fused=False)
             counters = dummy
     ws = torch.empty((p.split_k, M, N), dtype=torch.int32, device=A.device) if p.split_k > 1 else dummy
+    if p.kind == "swapab":
+        bn, bt, bk = p.tma
+        x_rs = A.stride(0) if M > 1 else _cdiv(K, 16) * 16  # one row: its stride is never used
+        args = (
+            _TensorDescriptor(B.t(), [N, K], [B.stride(1), 1], [bn, bk]),  # the (N, K) weight
+            _TensorDescriptor(A, [M, K], [x_rs, 1], [bt, bk]),  # tokens >= M: zero-filled rows
+            out, ws, counters, sa_t, sb_t, bias_t, M, N, K, out.stride(0), out.stride(1),
+            0 if sa is None else sa.stride(0), 0 if sb is None else sb.stride(0),
+        )  # fmt: skip
+        align = (counters.data_ptr() % 16, sa_t.data_ptr() % 16, sb_t.data_ptr() % 16, bias_t.data_ptr() % 16)
+        _direct.launch(p.dl, _int8_gemm_swapab_kernel, p.grid, args, p.kw, align + (bias_t.dtype,))
+        if p.reduce_grid is not None:
+            _launch_reduce(p, ws, out, sa, sb, bias, sa_t, sb_t, bias_t, out_dtype, align[1:] + (bias_t.dtype,))
+        return out
     args = (
         A, B, out, ws, counters, sa_t, sb_t, bias_t, M, N, K,
         A.stride(0), A.stride(1), B.stride(0), B.stride(1), out.stride(0), out.stride(1),
@@ -1065,15 +1288,21 @@ def _launch(
     kernel = _int8_gemv_kernel if p.kind == "gemv" else _int8_gemm_kernel
     _direct.launch(p.dl, kernel, p.grid, args, p.kw, align)
     if p.reduce_grid is not None:
-        _direct.launch(
-            p.dl2, _splitk_reduce_kernel, p.reduce_grid,
-            (ws, out, sa_t, sb_t, bias_t, M, N, out.stride(0), out.stride(1),
-             0 if sa is None else sa.stride(0), 0 if sb is None else sb.stride(0)),
-            dict(SPLIT_K=p.split_k, HAS_BIAS=bias is not None, OUT_INT32=out_dtype == torch.int32,
-                 BLOCK_M=32, BLOCK_N=128, num_warps=4),
-            align[3:],
-        )  # fmt: skip
+        _launch_reduce(p, ws, out, sa, sb, bias, sa_t, sb_t, bias_t, out_dtype, align[3:])
     return out
+
+
+def _launch_reduce(p, ws, out, sa, sb, bias, sa_t, sb_t, bias_t, out_dtype, align) -> None:
+    """The two-kernel split-K reduction: sum the int32 partials of ws (SPLIT_K, M, N), dequantize."""
+    M, N = out.shape
+    _direct.launch(
+        p.dl2, _splitk_reduce_kernel, p.reduce_grid,
+        (ws, out, sa_t, sb_t, bias_t, M, N, out.stride(0), out.stride(1),
+         0 if sa is None else sa.stride(0), 0 if sb is None else sb.stride(0)),
+        dict(SPLIT_K=p.split_k, HAS_BIAS=bias is not None, OUT_INT32=out_dtype == torch.int32,
+             BLOCK_M=32, BLOCK_N=128, num_warps=4),
+        align,
+    )  # fmt: skip
 
 
 def _gemm_torch(A, B, sa, sb, bias, out_dtype) -> torch.Tensor:
