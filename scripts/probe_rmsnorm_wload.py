@@ -107,11 +107,11 @@ def run_gpu(budget: Budget) -> dict:
         raise RuntimeError(f"no decode_mma in the extension ({ext.kind}: {ext.reason})")
     mod = ext.module
     out: dict = {"device": torch.cuda.get_device_name(), "backend": ext.kind, "check": [], "time": [], "notes": []}
-    stream = torch.cuda.current_stream().cuda_stream
 
     def call(x, g, w, y, v: Variant, folded: bool):
         M, D = x.shape
         N = w.shape[0]
+        stream = torch.cuda.current_stream().cuda_stream  # per call: CUDA-graph capture runs on a side stream
         mod.decode_mma(
             1, x.data_ptr(), D, 0 if folded else g.data_ptr(), w.data_ptr(), D, 0, y.data_ptr(), N, M, N, D,
             EPS, v[0], v[1], stream, 0, 0, v[2],
@@ -175,7 +175,10 @@ def run_gpu(budget: Budget) -> dict:
                         try:
                             fns = [partial(call, x, g, wi, yi, v, folded) for wi, yi in zip(src, ys)]
                             t[key] = harness.time_ms(fns, small=True, rep_ms=20) * 1e3
+                            if t[key] < wbytes / 5e6:  # faster than 5 TB/s of W: nothing was timed
+                                raise RuntimeError(f"implausible {t[key]:.2f} us (W alone needs >= {wbytes / 5e6:.1f})")
                         except Exception as ex:  # one broken variant must not cost the rest of the run
+                            t.pop(key, None)
                             out["notes"].append(f"timing {key} D{D} N{N} M{M}: {type(ex).__name__}: {str(ex)[:200]}")
                             torch.cuda.synchronize()
                 if folded:

@@ -1306,8 +1306,10 @@ def _launch_reduce(p, ws, out, sa, sb, bias, sa_t, sb_t, bias_t, out_dtype, alig
 
 
 def _gemm_torch(A, B, sa, sb, bias, out_dtype) -> torch.Tensor:
-    """Reference path (CPU without the interpreter). int32 matmul is exact for K < 2**17."""
-    acc = (A.to(torch.int64) @ B.to(torch.int64)).to(torch.int32)
+    """Reference / fallback path (any device without a Triton kernel). The products are summed in
+    float64 (BLAS and cuBLAS have it, CUDA has no int64 matmul): exact while |sum| < 2**53, i.e. any
+    K below 2**38; the int32 result wraps like the kernels' accumulator only past K ~ 2**17."""
+    acc = (A.to(torch.float64) @ B.to(torch.float64)).to(torch.int64).to(torch.int32)
     if out_dtype == torch.int32:
         return acc
     c = acc.to(torch.float32) * sa[:, None] * sb[None, :]
