@@ -12,7 +12,8 @@
 #   tune   scripts/tune_int8.py; later stages of the same run use the fresh table
 #   tune_rmsnorm  scripts/tune_rmsnorm.py (fused_rmsnorm kernel per M); the fresh table is used too
 #   sass   scripts/int8_sass.py: instruction mix of the int8 kernels from their cubins
-#   bench  benchmarks/run_all.py per suite, merged into OUTDIR/<gpu>.json + plots + roofline
+#   bench  benchmarks/run_all.py per suite (BENCH_SUITES, default all three), merged into
+#          OUTDIR/<gpu>.json + plots + roofline
 #   late   slow GPU tests named by $LATE_TESTS (JIT build, compute-sanitizer)
 #   wheel  scripts/gpu_rmsnorm_wheel.sh: AOT wheel + JIT-only wheel built (in the background from the
 #          start), installed and GPU-tested (at the end)
@@ -136,7 +137,9 @@ has sass && stage sass "${SASS_LIMIT:-$LIMIT}" python3 scripts/int8_sass.py
 if has bench; then
   export LLMK_BENCH_STREAM=$W/bench_stream.jsonl  # records are appended as they finish
   rm -f "$LLMK_BENCH_STREAM"
-  for s in attention int8 rmsnorm; do
+  # BENCH_SEED: records (JSON lines) of suites not re-run this time, merged with the fresh ones
+  [ -n "${BENCH_SEED:-}" ] && cp "$BENCH_SEED" "$LLMK_BENCH_STREAM"
+  for s in ${BENCH_SUITES:-attention int8 rmsnorm}; do
     [ $s = rmsnorm ] && need_build
     stage "bench_$s" "${BENCH_LIMIT:-$LIMIT}" python3 benchmarks/run_all.py $s $QUICK --json "$W/bench_$s.json"
   done
