@@ -92,6 +92,27 @@ def _epilogue(
 
 
 @triton.jit
+def _splitk_last_sum(acc, ws_ptr, cnt_ptr, pid_k, tile, ws_off, mask, plane, SPLIT_K: tl.constexpr):
+    """Split-K with the fused last-arrival reduction, shared by the split-K kernels: store this
+    split's int32 partial tile at ws_ptr + pid_k * plane + ws_off, count the arrivals of output
+    tile `tile` in cnt_ptr; the last of the SPLIT_K programs to arrive sums every partial in split
+    order (deterministic, own partial included). Returns (is_last, that sum); the caller runs the
+    epilogue when is_last and then resets cnt_ptr[tile] to 0 for the next launch."""
+    tl.store(ws_ptr + pid_k.to(tl.int64) * plane + ws_off, acc, mask=mask)
+    tl.debug_barrier()  # orders every thread's partial store before the atomic's release
+    arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    total = tl.zeros_like(acc)
+    if arrived == SPLIT_K - 1:
+        tl.debug_barrier()
+        part_base = ws_ptr
+        for _ in range(0, SPLIT_K):
+            # .cg: read through L2, where the other SMs' partials are
+            total += tl.load(part_base + ws_off, mask=mask, other=0, cache_modifier=".cg")
+            part_base += plane
+    return arrived == SPLIT_K - 1, total
+
+
+@triton.jit
 def _int8_gemm_kernel(
     a_ptr,
     b_ptr,
@@ -267,26 +288,18 @@ def _int8_gemm_kernel(
         else:
             ws_off = offs_m[:, None] * N + offs_n[None, :]
         plane = (tl.full((), 0, tl.int64) + M) * N  # int64: M*N can pass 2**31
-        tl.store(ws_ptr + pid_k.to(tl.int64) * plane + ws_off, acc, mask=mask)
         if FUSED_REDUCE:
             # The last of the SPLIT_K programs of this tile to arrive sums the partials and runs
             # the epilogue: one launch instead of two (decode shapes are launch-bound).
-            # The barrier orders every thread's partial store before the atomic's release.
-            tl.debug_barrier()
-            arrived = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT_K - 1:
-                tl.debug_barrier()
-                part_base = ws_ptr
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-                for _ in range(0, SPLIT_K):  # own partial included: simpler than masking it out
-                    # .cg: read through L2, where the other SMs' partials are.
-                    acc += tl.load(part_base + ws_off, mask=mask, other=0, cache_modifier=".cg")
-                    part_base += plane
+            last, acc = _splitk_last_sum(acc, ws_ptr, cnt_ptr, pid_k, pid, ws_off, mask, plane, SPLIT_K)
+            if last:
                 _epilogue(
                     acc, c_ptr, sa_ptr, sb_ptr, bias_ptr, offs_m, offs_n, M, N,
                     stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32, sa_vals, QUANT_A,
                 )  # fmt: skip
                 tl.atomic_xchg(cnt_ptr + pid, 0)  # self-reset for the next launch
+        else:
+            tl.store(ws_ptr + pid_k.to(tl.int64) * plane + ws_off, acc, mask=mask)
 
 
 @triton.jit
@@ -491,22 +504,16 @@ def _int8_gemv_kernel(
         else:
             ws_off = offs_m[:, None] * N + offs_n[None, :]
         plane = (tl.full((), 0, tl.int64) + M) * N
-        tl.store(ws_ptr + pid_k.to(tl.int64) * plane + ws_off, acc, mask=mask)
         if FUSED_REDUCE:
-            tl.debug_barrier()
-            arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT_K - 1:
-                tl.debug_barrier()
-                part_base = ws_ptr
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-                for _ in range(0, SPLIT_K):  # fixed order: deterministic
-                    acc += tl.load(part_base + ws_off, mask=mask, other=0, cache_modifier=".cg")
-                    part_base += plane
+            last, acc = _splitk_last_sum(acc, ws_ptr, cnt_ptr, pid_k, pid_n, ws_off, mask, plane, SPLIT_K)
+            if last:
                 _epilogue(
                     acc, c_ptr, sa_ptr, sb_ptr, bias_ptr, offs_m, offs_n, M, N,
                     stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32, sa_vals, QUANT_A,
                 )  # fmt: skip
                 tl.atomic_xchg(cnt_ptr + pid_n, 0)
+        else:
+            tl.store(ws_ptr + pid_k.to(tl.int64) * plane + ws_off, acc, mask=mask)
 
 
 @triton.jit
@@ -685,24 +692,16 @@ def _int8_gemm_swapab_kernel(
         else:
             ws_off = offs_t[None, :] * N + offs_n[:, None]
         plane = (tl.full((), 0, tl.int64) + M) * N
-        tl.store(ws_ptr + pid_k.to(tl.int64) * plane + ws_off, acc, mask=mask)
         if FUSED_REDUCE:
-            # as in _int8_gemm_kernel: the last of the SPLIT_K programs of this tile to arrive sums
-            # the partials in split order (deterministic) and runs the epilogue
-            tl.debug_barrier()
-            arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT_K - 1:
-                tl.debug_barrier()
-                part_base = ws_ptr
-                acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.int32)
-                for _ in range(0, SPLIT_K):
-                    acc += tl.load(part_base + ws_off, mask=mask, other=0, cache_modifier=".cg")
-                    part_base += plane
+            last, acc = _splitk_last_sum(acc, ws_ptr, cnt_ptr, pid_k, pid_n, ws_off, mask, plane, SPLIT_K)
+            if last:
                 _epilogue_t(
                     acc, c_ptr, sa_ptr, sb_ptr, bias_ptr, offs_n, offs_t, M, N,
                     stride_cm, stride_cn, stride_sa, stride_sb, HAS_BIAS, OUT_INT32,
                 )  # fmt: skip
                 tl.atomic_xchg(cnt_ptr + pid_n, 0)  # self-reset for the next launch
+        else:
+            tl.store(ws_ptr + pid_k.to(tl.int64) * plane + ws_off, acc, mask=mask)
 
 
 @triton.jit
