@@ -203,17 +203,22 @@ def _worker_compile(task):
         return idx, False, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}", time.time() - t0
 
 
-def compile_phase(tasks, deadline, workers):
+def compile_phase(tasks, deadline, workers, worker=None, describe=None):
+    """Run worker((idx, task)) -> (idx, ok, err, seconds) over tasks in spawned processes until the
+    deadline (Triton compiles into the shared on-disk cache); {idx: (ok, err, seconds)}.
+    Defaults: this probe's _worker_compile and task description (other probes pass theirs)."""
     import multiprocessing as mp
 
+    worker = worker or _worker_compile
+    describe = describe or (lambda t: f"{t[0]} {t[1]} {cfg_name(t[2])} {t[3]}")
     status = {}
     if workers <= 0:
         return status
     ctx = mp.get_context("spawn")
     pool = ctx.Pool(processes=workers)
     try:
-        it = pool.imap_unordered(_worker_compile, list(enumerate(tasks)))
-        while True:
+        it = pool.imap_unordered(worker, list(enumerate(tasks)))
+        while len(status) < len(tasks):
             left = deadline - time.time()
             if left <= 0:
                 print(f"  compile phase: deadline, {len(status)}/{len(tasks)} done", flush=True)
@@ -226,8 +231,7 @@ def compile_phase(tasks, deadline, workers):
                 continue
             status[idx] = (ok, err, dt)
             if not ok:
-                print(f"  compile/launch FAILED {tasks[idx][0]} {tasks[idx][1]} {cfg_name(tasks[idx][2])} "
-                      f"{tasks[idx][3]}: {err}", flush=True)  # fmt: skip
+                print(f"  compile/launch FAILED {describe(tasks[idx])}: {err}", flush=True)
     finally:
         pool.terminate()
         pool.join()

@@ -132,32 +132,9 @@ def compile_tasks(gpu: bool, dev) -> list:
 
 
 def compile_phase(tasks, deadline, workers) -> dict:
-    import multiprocessing as mp
-
-    status = {}
-    ctx = mp.get_context("spawn")
-    pool = ctx.Pool(processes=max(1, workers))
-    try:
-        it = pool.imap_unordered(_worker, list(enumerate(tasks)))
-        while len(status) < len(tasks):
-            left = deadline - time.time()
-            if left <= 0:
-                print(f"  compile phase: deadline, {len(status)}/{len(tasks)} done", flush=True)
-                break
-            try:
-                idx, ok, err, dt = it.next(timeout=left)
-            except StopIteration:
-                break
-            except mp.TimeoutError:
-                continue
-            status[idx] = (ok, err, dt)
-            if not ok:
-                shape, cfg, kinds = tasks[idx]
-                print(f"  compile FAILED {shape} {name_of(cfg)} {kinds}: {err}", flush=True)
-    finally:
-        pool.terminate()
-        pool.join()
-    return status
+    return P.compile_phase(
+        tasks, deadline, workers, worker=_worker, describe=lambda t: f"{t[0]} {name_of(t[1])} {t[2]}"
+    )
 
 
 def name_of(cfg) -> str:

@@ -41,6 +41,9 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks import harness  # noqa: E402
 
+sys.path.insert(0, str(REPO / "scripts"))
+from probe_rmsnorm_decode import Budget, geomean, rel_err  # noqa: E402  (the decode probe's helpers)
+
 CHECK_SHAPES = [(4096, 4096), (4096, 14336), (8192, 8192)]  # (D, N)
 TIME_SHAPES = [(4096, 14336), (8192, 8192), (4096, 4096)]  # the failing case first
 CHECK_M = [1, 3, 16]
@@ -58,28 +61,6 @@ VARIANTS: list[Variant] = [BASE, (0, 0, 1), (0, 0, 2), (0, 0, 3), (4, 1, 3), (2,
 
 def vname(v: Variant) -> str:
     return f"wl{v[2]}" + (f"_wn{v[0]}_ks{v[1]}" if v[:2] != (0, 0) else "")
-
-
-def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
-    if not torch.isfinite(y).all():
-        return float("inf")
-    return ((y.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-12)).item()
-
-
-def geomean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
-
-
-class Budget:
-    def __init__(self, seconds: float):
-        self.t0 = time.perf_counter()
-        self.seconds = seconds
-
-    def left(self) -> float:
-        return self.seconds - (time.perf_counter() - self.t0)
-
-    def ok(self, need: float = 0.0) -> bool:
-        return self.left() > need
 
 
 # ------------------------------------------------------------------------------------------- GPU
