@@ -29,6 +29,17 @@ def _ref_deq(A, B, sa, sb, bias=None):
     return c
 
 
+def _capture(fn):
+    """Warm fn up on a side stream, then capture one call in a CUDA graph: (graph, its output)."""
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        fn()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = fn()
+    return g, out
+
+
 def _poisoned_launch(monkeypatch):
     """Make every output buffer start as garbage so unwritten elements fail the comparison."""
     real_empty = torch.empty
@@ -262,12 +273,7 @@ def test_split_k_cuda_graph_gpu(monkeypatch):
     f = lambda: gmod._launch(A, W.t(), sa, sb, None, torch.bfloat16, cfg)
     ref = f().clone()
     monkeypatch.setattr(gmod, "_splitk_reduce_kernel", _Forbidden())
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        f()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out = f()
+    g, out = _capture(f)
     for _ in range(10):
         A.random_(-127, 128)
         g.replay()
@@ -401,12 +407,7 @@ def test_prefetch_and_pdl_gpu(M, N, K, split_k):
     exact = (q.double() @ W.double().t()) * s.double()[:, None] * sb.double()[None, :]
     torch.testing.assert_close(ref_out.double(), exact, rtol=1e-6, atol=1e-6 * exact.abs().max().item())
     assert torch.equal(run(True)[0], ref_out)
-    st = torch.cuda.Stream()
-    with torch.cuda.stream(st):
-        run(True)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out = run(True)[0]
+    g, out = _capture(lambda: run(True)[0])
     for _ in range(5):
         x.normal_()
         g.replay()
@@ -551,12 +552,7 @@ def test_direct_launch_matches_normal_gpu(case, monkeypatch):
     A_mis.copy_(A)
     assert torch.equal(f(A_mis)[0], ref[0])
     # CUDA graph: capture the direct launches, replay on new inputs, compare with the normal path
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        f(A)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            outs = f(A)
+    g, outs = _capture(lambda: f(A))
     for _ in range(3):
         A.random_(-127, 128)
         x.normal_()
@@ -710,12 +706,7 @@ def test_gemv_fused_quant_cuda_graph_gpu(M):
     cfg = _gemv_cfg(1, 4, bn=16, bk=512)
     f = lambda: gmod._launch(x, W.t(), None, sb, None, torch.bfloat16, cfg, quant_a=True)
     ref = f().clone()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        f()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out = f()
+    g, out = _capture(f)
     for _ in range(5):
         x.normal_()
         g.replay()
@@ -848,12 +839,7 @@ def test_swapab_gpu(M, N, K, bn, bk, stages, split_k):
 
     ref = run(False)
     assert torch.equal(run(True), ref)
-    st = torch.cuda.Stream()
-    with torch.cuda.stream(st):
-        run(True)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out = run(True)
+    g, out = _capture(lambda: run(True))
     for _ in range(3):
         x.normal_()
         g.replay()
