@@ -31,10 +31,11 @@ FUSED_QUANT_MAX_BYTES = 0
 
 # Two-kernel path with the GEMM launched as a programmatic dependent launch (PDL) of the quantizer
 # (SM90+): its launch and setup overlap the quantizer; it waits (griddepcontrol.wait) before it
-# touches x_q or writes anything. Per shape: a tuning entry with "PDL": 1 (tensor-core or GEMV). H200 probe (scripts/probe_int8_pdl.py, CUDA-graph timed, W rotated): M=16
-# 4096x4096 10.23 vs 10.82 us, N=14336 K=4096 19.07 vs 19.79 us, but N=4096 K=14336 (split-K 4)
-# 22.8 vs 22.2 us, so only the first two carry the key. The L2 weight prefetch ("PREFETCH": 1)
-# made every PDL case slower (+1.4 to +4.8 us). PDL_MAX_M forces PDL for all M <= it (probes).
+# touches x_q or writes anything. Per shape: a tuning entry with "PDL": 1 (tensor-core, swap-AB or
+# GEMV config), set where the H200 probes (scripts/probe_int8_pdl.py, probe_int8_swapab.py) measured
+# a gain, e.g. M=16 4096x4096 10.23 vs 10.82 us, M=1 N=4096 K=14336 GEMV 19.31 vs 20.07 us. The L2
+# weight prefetch ("PREFETCH": 1) made every PDL case slower (+1.4 to +4.8 us).
+# PDL_MAX_M forces PDL for every M <= it (probes, tests).
 PDL_MAX_M = 0
 
 
