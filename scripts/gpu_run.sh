@@ -4,7 +4,8 @@
 #   scripts/gpu_run.sh OUTDIR [--stages tests,bench] [--quick] [--pack FILE] [PYTEST_PATHS...]
 #
 # Stages (run in this order, any subset; probes first, as most need no extension build):
-#   probe  each script in $PROBES (space-separated PATH[:BUDGET]) as `python3 PATH OUTDIR/NAME [--budget B]`
+#   probe  each script in $PROBES (space-separated PATH[:BUDGET[:ARGS]]) as
+#          `python3 PATH OUTDIR/NAME [--budget B] [ARGS with commas as spaces]`
 #          (APPLY merges their tuning fragments into the packages' tables, see below)
 #   tests  the GPU test suite (pytest -m gpu) over PYTEST_PATHS (default: every package + tests/);
 #          TESTS_PARALLEL=1 runs one pytest per path concurrently (paths only; pytest options for
@@ -80,9 +81,10 @@ need_build() {  # the extension builds in the background until something needs i
 }
 PYTEST=(python3 -m pytest -q -m gpu -p no:cacheprovider -o "addopts=--import-mode=importlib -ra")
 if has probe; then  # only fused-rmsnorm probes wait for the extension build
-  for spec in ${PROBES:-}; do  # PATH or PATH:BUDGET_SECONDS (passed on as --budget)
-    p=${spec%%:*}; n=$(basename "$p" .py); b=()
-    [ "$spec" != "$p" ] && b=(--budget "${spec#*:}")
+  for spec in ${PROBES:-}; do  # PATH[:BUDGET_SECONDS[:ARGS]] (--budget B; ARGS comma-separated, e.g. --set,pf)
+    IFS=: read -r p pb pa <<< "$spec"; n=$(basename "$p" .py); b=()
+    [ -n "$pb" ] && b=(--budget "$pb")
+    [ -n "$pa" ] && { IFS=, read -r -a xa <<< "$pa"; b+=("${xa[@]}"); }
     case $n in *rmsnorm*) need_build ;; esac
     stage "$n" "${PROBE_LIMIT:-$LIMIT}" python3 "$p" "$W/$n" "${b[@]}"
   done

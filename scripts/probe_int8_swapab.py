@@ -55,23 +55,12 @@ CANDS = {
     # 80 KB of shared memory: two programs per SM, so twice the auto split (two co-resident waves)
     "S6 64x256 s4 2xsk": dict(sw(64, 256, 4), _split_mult=2),
 }
-# --set pf: the shipped swap-AB tiles with and without "PREFETCH": 1 (PF_BULK: one
-# cp.async.bulk.prefetch.L2 per weight row of the program's slab, issued before the PDL wait, so
-# the weight streams from HBM while the quantizer runs), timed only e2e with PDL.
-CANDS_PF = {
-    "S4 64x512 s4": sw(64, 512, 4),
-    "P4 64x512 s4 pf": dict(sw(64, 512, 4), PREFETCH=1),
-    "S2 128x256 s4": sw(128, 256, 4),
-    "P2 128x256 s4 pf": dict(sw(128, 256, 4), PREFETCH=1),
-    "P1 64x256 s6 pf": dict(sw(64, 256, 6), PREFETCH=1),
-    "P6 64x256 s4 2xsk pf": dict(sw(64, 256, 4), PREFETCH=1, _split_mult=2),
-}
 DRY_CANDS = {
     "D1 64x32 s2": sw(64, 32, 2),
     "D2 64x32 s2 sk3": sw(64, 32, 2, sk=3),
     "D3 2xsk": dict(sw(64, 32, 2), _split_mult=2),
 }
-MODES = ("pdl", "two", "gemm")  # priority order within a candidate; --set pf: pdl only
+MODES = ("pdl", "two", "gemm")  # priority order within a candidate
 
 
 def shapes_for(gpu: bool) -> list[tuple[int, int, int]]:
@@ -82,13 +71,6 @@ def shapes_for(gpu: bool) -> list[tuple[int, int, int]]:
 
 def cands(gpu: bool) -> dict:
     return CANDS if gpu else DRY_CANDS
-
-
-def use_set(name: str) -> None:
-    """--set pf: swap in the prefetch candidates (and the pdl mode only)."""
-    global CANDS, MODES
-    if name == "pf":
-        CANDS, MODES = CANDS_PF, ("pdl",)
 
 
 def resolved(cfg: dict, shape, dev) -> dict:
@@ -144,7 +126,7 @@ def compile_tasks(gpu: bool, dev) -> list:
             key = json.dumps(cfg)
             if key not in seen:
                 seen.add(key)
-                tasks.append((shape, cfg, ("int32", *MODES)))
+                tasks.append((shape, cfg, ("gemm", "int32", "pdl", "two")))
     tasks += [(shape, None, ("module", "gemm")) for shape in shapes]
     return tasks
 
@@ -160,7 +142,7 @@ def name_of(cfg) -> str:
         return "table"
     skip = ("SPLIT_K", "PDL", "_split_mult")
     base = {k: v for k, v in cfg.items() if k not in skip}
-    for k, v in list(CANDS.items()) + list(CANDS_PF.items()) + list(DRY_CANDS.items()):
+    for k, v in list(CANDS.items()) + list(DRY_CANDS.items()):
         if {kk: vv for kk, vv in v.items() if kk not in skip} == base:
             return k
     return json.dumps(cfg)
@@ -284,9 +266,7 @@ def main() -> None:
     ap.add_argument("--rep", type=int, default=6, help="CUDA-graph replay ms per measurement")
     ap.add_argument("--dry-run", action="store_true", help="CPU, TRITON_INTERPRET=1, tiny shapes")
     ap.add_argument("--dry-compile", action="store_true", help="with --dry-run: also run the worker pool")
-    ap.add_argument("--set", default="tiles", choices=("tiles", "pf"), help="candidate set (pf: L2 prefetch)")
     args = ap.parse_args()
-    use_set(args.set)
     t0 = time.time()
     gpu = torch.cuda.is_available() and not args.dry_run
     dev = torch.device("cuda" if gpu else "cpu")

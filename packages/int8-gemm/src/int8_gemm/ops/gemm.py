@@ -639,8 +639,6 @@ def _int8_gemm_swapab_kernel(
     stride_cn,
     stride_sa,
     stride_sb,
-    w_ptr,
-    stride_wn,
     HAS_BIAS: tl.constexpr,
     OUT_INT32: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -650,7 +648,6 @@ def _int8_gemm_swapab_kernel(
     FUSED_REDUCE: tl.constexpr,
     PDL_WAIT: tl.constexpr = False,
     WS_I32: tl.constexpr = False,
-    PF_BULK: tl.constexpr = False,
 ):
     """Decode (M <= BLOCK_T tokens) as swap-AB: C^T (N, M) = W (N, K) . x^T, so the weight rows
     are the MMA's M dimension (wgmma m64 per warpgroup on SM90) and the few tokens its N dimension
@@ -668,27 +665,9 @@ def _int8_gemm_swapab_kernel(
     per_split = tl.cdiv(k_tiles, SPLIT_K)
     kt0 = pid_k * per_split
     kt1 = tl.minimum(kt0 + per_split, k_tiles)
-    if PF_BULK:
-        # Before the PDL wait: one bulk L2 prefetch per weight row of this program's slab (w_ptr is
-        # the (N, K) weight, row stride stride_wn), so the weight streams from HBM while the
-        # quantizer still runs and the TMA loads after the wait hit L2 (Triton's pipeliner owns
-        # the first TMA issues, so those cannot move above the wait). Whole 16-byte units only: a
-        # K tail that is not one is left to the TMA loads.
-        k_lo = kt0 * BLOCK_K
-        nbytes = ((tl.minimum(kt1 * BLOCK_K, K) - k_lo) // 16) * 16
-        if nbytes > 0:
-            rows = tl.minimum(off_n + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
-            pf_ptrs = w_ptr + rows * stride_wn + k_lo
-            tl.inline_asm_elementwise(
-                "cp.async.bulk.prefetch.L2.global [$1], $2; // $0",
-                "=r,l,r",
-                [pf_ptrs, tl.zeros((BLOCK_N,), tl.int32) + nbytes],
-                dtype=tl.int32,
-                is_pure=False,
-                pack=1,
-            )
     if PDL_WAIT:
-        # Programmatic dependent of the quantizer: nothing is read or written before its grid is done.
+        # Programmatic dependent of the quantizer: nothing is read or written before its grid is done
+        # (the weight could stream earlier, but Triton's pipeliner owns the first TMA issues).
         gdc_wait()
     acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.int32)
     for kt in range(kt0, kt1):
@@ -1200,8 +1179,6 @@ def _swapab_plan(p, A, cfg, M, N, K, bias, out_dtype, on_gpu, allow_fused, pdl) 
     )
     if pdl and on_gpu:
         kw.update(PDL_WAIT=True, launch_pdl=True)
-        if cfg.get("PREFETCH", 0):  # bulk L2 prefetch of the weight slab before the wait (inline PTX)
-            kw["PF_BULK"] = True
     if split_k > 1 and split_k * M * N < 2**31:
         kw["WS_I32"] = True
     p.kw = kw
@@ -1290,7 +1267,7 @@ def _launch(
             _TensorDescriptor(B.t(), [N, K], [B.stride(1), 1], [bn, bk]),  # the (N, K) weight
             _TensorDescriptor(A, [M, K], [x_rs, 1], [bt, bk]),  # tokens >= M: zero-filled rows
             out, ws, counters, sa_t, sb_t, bias_t, M, N, K, out.stride(0), out.stride(1),
-            0 if sa is None else sa.stride(0), 0 if sb is None else sb.stride(0), B, B.stride(1),
+            0 if sa is None else sa.stride(0), 0 if sb is None else sb.stride(0),
         )  # fmt: skip
         align = (counters.data_ptr() % 16, sa_t.data_ptr() % 16, sb_t.data_ptr() % 16, bias_t.data_ptr() % 16)
         _direct.launch(p.dl, _int8_gemm_swapab_kernel, p.grid, args, p.kw, align + (bias_t.dtype,))

@@ -34,7 +34,10 @@ FUSED_QUANT_MAX_BYTES = 0
 # touches x_q or writes anything. Per shape: a tuning entry with "PDL": 1 (tensor-core, swap-AB or
 # GEMV config), set where the H200 probes (scripts/probe_int8_pdl.py, probe_int8_swapab.py) measured
 # a gain, e.g. M=16 4096x4096 10.23 vs 10.82 us, M=1 N=4096 K=14336 GEMV 19.31 vs 20.07 us. The L2
-# weight prefetch ("PREFETCH": 1) made every PDL case slower (+1.4 to +4.8 us).
+# weight prefetch ("PREFETCH": 1) made every PDL case slower (+1.4 to +4.8 us). So did a bulk
+# variant tried on the swap-AB kernel (one cp.async.bulk.prefetch.L2 per weight row before the
+# wait; benchmarks/results/probes/h200-probe_int8_swapab_pf.json): M=16 4096x4096 11.8 vs 9.7 us,
+# N=14336 22.9 vs 19.0 us. It was not kept.
 # PDL_MAX_M forces PDL for every M <= it (probes, tests).
 PDL_MAX_M = 0
 
