@@ -1,9 +1,10 @@
 """Offline (no GPU) register / spill check of the flash backward kernels for the H200 (sm_90).
 
-    PYTHONPATH=/work/tri36:packages/flashattn-triton/src python scripts/flash_bwd_regs.py
+    PYTHONPATH=/work/tri36:packages/flashattn-triton/src python scripts/flash_bwd_regs.py [--knobs]
 
 Compiles the dK/dV and dQ kernels at a few tile configs (causal and not, D64/D128, bf16) and prints
 registers per thread and spilled bytes. The GPU is not needed: Triton targets sm_90 directly.
+--knobs: the D128 configs of scripts/probe_flash_bwd_sweep.py (dQ warps/stages, maxnreg, the fused launch).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import triton  # noqa: E402
 from flashattn_triton.ops import flash_attn as F  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
-PTRS = {"Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "DQA", "DQ"}
+PTRS = {"Q", "K", "V", "DO", "QD", "DOD", "LSE", "DELTA", "DK", "DV", "DQA", "DQ"}
 FLOATS = {"sm_scale", "qk2"}
 
 
@@ -43,7 +44,7 @@ def ptxas_stats(k) -> tuple[int, int]:
     return regs, spill
 
 
-def compile_one(kernel, consts: dict, num_warps: int, num_stages: int):
+def compile_one(kernel, consts: dict, num_warps: int, num_stages: int, maxnreg: int | None = None):
     fn = kernel.fn if hasattr(kernel, "fn") else kernel
     sig, cexp = {}, {}
     for name, p in inspect.signature(fn).parameters.items():
@@ -53,8 +54,10 @@ def compile_one(kernel, consts: dict, num_warps: int, num_stages: int):
             sig[name], cexp[name] = "constexpr", p.default
         elif name in ("cu_q", "cu_k"):
             sig[name], cexp[name] = "constexpr", None
-        elif name in ("Q", "DO") and consts.get("TMA"):
-            sig[name] = f"tensordesc<bf16[1, 1, {consts['BLOCK_M']}, {consts['BLOCK_D']}]>"
+        elif consts.get("TMA") and name in (("QD", "DOD") if "BLOCK_M1" in consts else ("Q", "DO")):
+            # the dK/dV loop's Q/dO descriptors (the fused kernel keeps Q/DO as pointers for its dQ programs)
+            bm = consts.get("BLOCK_M1", consts.get("BLOCK_M"))
+            sig[name] = f"tensordesc<bf16[1, 1, {bm}, {consts['BLOCK_D']}]>"
         elif name in PTRS:
             sig[name] = "*fp32" if name in ("LSE", "DELTA", "DQA") else "*bf16"
         elif name in FLOATS:
@@ -71,9 +74,10 @@ def compile_one(kernel, consts: dict, num_warps: int, num_stages: int):
     ]
     attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in div}
     src = triton.compiler.ASTSource(fn=kernel, signature=sig, constexprs=cexp, attrs=attrs)
-    return triton.compile(
-        src, target=GPUTarget("cuda", 90, 128), options=dict(num_warps=num_warps, num_stages=num_stages)
-    )
+    opts = dict(num_warps=num_warps, num_stages=num_stages)
+    if maxnreg:
+        opts["maxnreg"] = maxnreg
+    return triton.compile(src, target=GPUTarget("cuda", 90, 128), options=opts)
 
 
 # dK/dV kernel variants (constexprs the launcher sets): the old 64-bit offsets, 32-bit offsets, TMA Q/dO loads,
@@ -86,7 +90,76 @@ VARIANTS = {
 }
 
 
+def stats(kern, consts: dict, w: int, s: int, maxnreg: int | None = None) -> str:
+    try:
+        k = compile_one(kern, consts, w, s, maxnreg)
+    except Exception as e:  # out of shared memory etc.
+        return f"FAIL {type(e).__name__}"
+    regs, spill = ptxas_stats(k)
+    wgmma = "wgmma" if "wgmma.mma_async" in k.asm["ptx"] else "NO-wgmma"
+    tma = " tma" if "cp.async.bulk.tensor" in k.asm["ptx"] else ""
+    return f"{regs}/{spill} {wgmma}{tma} smem={k.metadata.shared}"
+
+
+def knobs() -> None:
+    """The D128 bf16 configs the sweep probe times: split dQ warps/stages, maxnreg caps, the fused launch."""
+    print(f"triton {triton.__version__} sm_90 D128 bf16: regs/spill-bytes, wgmma, TMA, shared memory")
+    for causal in (False, True):
+        base = dict(HEAD_DIM=128, BLOCK_D=128, CAUSAL=causal, VARLEN=False, DOT_PREC="tf32", OFF32=True)
+        one = dict(ONE_LOOP=causal)
+        jobs = [
+            (
+                "dkdv 64x128 w8s3 tma",
+                F._bwd_dkdv_kernel,
+                dict(BLOCK_M=64, BLOCK_N=128, DQ_ATOMIC=False, TMA=True, **one),
+                8,
+                3,
+                None,
+            ),
+            ("dkdv 64x128 w8s3", F._bwd_dkdv_kernel, dict(BLOCK_M=64, BLOCK_N=128, DQ_ATOMIC=False), 8, 3, None),
+            (
+                "dkdv 64x128 w8s3 tma maxnreg240",
+                F._bwd_dkdv_kernel,
+                dict(BLOCK_M=64, BLOCK_N=128, DQ_ATOMIC=False, TMA=True, **one),
+                8,
+                3,
+                240,
+            ),
+            (
+                "dkdv 32x64 w4s4 tma",
+                F._bwd_dkdv_kernel,
+                dict(BLOCK_M=32, BLOCK_N=64, DQ_ATOMIC=False, TMA=True, **one),
+                4,
+                4,
+                None,
+            ),
+            ("dq 128x64 w8s3", F._bwd_dq_kernel, dict(BLOCK_M=128, BLOCK_N=64), 8, 3, None),
+            ("dq 128x64 w8s2", F._bwd_dq_kernel, dict(BLOCK_M=128, BLOCK_N=64), 8, 2, None),
+            ("dq 128x128 w8s2", F._bwd_dq_kernel, dict(BLOCK_M=128, BLOCK_N=128), 8, 2, None),
+            ("dq 64x64 w4s3", F._bwd_dq_kernel, dict(BLOCK_M=64, BLOCK_N=64), 4, 3, None),
+            ("dq 64x128 w4s3", F._bwd_dq_kernel, dict(BLOCK_M=64, BLOCK_N=128), 4, 3, None),
+            ("dq 128x64 w8s3 maxnreg240", F._bwd_dq_kernel, dict(BLOCK_M=128, BLOCK_N=64), 8, 3, 240),
+        ]
+        fz = dict(BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=64)
+        jobs += [
+            ("fused 64x128/128x64 w8s3 tma", F._bwd_fused_kernel, dict(fz, TMA=True, **one), 8, 3, None),
+            ("fused 64x128/128x64 w8s3", F._bwd_fused_kernel, dict(fz), 8, 3, None),
+            (
+                "fused 32x64/64x32 w4s4 tma",
+                F._bwd_fused_kernel,
+                dict(BLOCK_M1=32, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=32, TMA=True, **one),
+                4,
+                4,
+                None,
+            ),
+        ]
+        for name, kern, c, w, st, mr in jobs:
+            print(f"  causal={int(causal)} {name}: {stats(kern, {**base, **c}, w, st, mr)}", flush=True)
+
+
 def main() -> None:
+    if "--knobs" in sys.argv:
+        return knobs()
     cfgs = [(64, 128, 8, 3), (128, 128, 8, 2), (64, 128, 4, 3)]
     print(f"triton {triton.__version__} sm_90: registers/thread, spill-store bytes (dQ tile = BN1 x BM1)")
     for d in (128, 64):

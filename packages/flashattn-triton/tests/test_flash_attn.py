@@ -225,6 +225,33 @@ def test_backward_dkdv_load_paths(monkeypatch, mode):
         _close(g, w.double(), 4e-3, name)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mode", ["fused", "fused-dq-first", "fused-tma-one-loop", "split-knobs"])
+def test_backward_fused_and_split_knobs(mode, causal):
+    """FUSED=1/2: dK/dV and dQ programs in one launch (either order, pointer or TMA Q/dO loads), and the
+    split launch with its own dQ warps/stages and register caps (launch options the interpreter ignores);
+    GQA, Nq != Nk, ragged blocks, dQ tiles decoupled from the dK/dV tiles, dLSE."""
+    if select_backend(torch.device("cpu")) != Backend.INTERPRETER:
+        pytest.skip("launcher test needs TRITON_INTERPRET=1")
+    B, H, Hkv, Nq, Nk, D = 1, 4, 2, 37, 45, 24
+    torch.manual_seed(23)
+    q, k, v, do = rand(B, H, Nq, D), rand(B, Hkv, Nk, D), rand(B, Hkv, Nk, D), rand(B, H, Nq, D)
+    dlse = torch.randn(B, H, Nq)
+    out, lse = F._forward_impl(q, k, v, causal, D**-0.5, force_decode=False)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    cfg = dict(BLOCK_M1=16, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=16, num_warps=4, num_stages=1)
+    if mode.startswith("fused"):
+        cfg.update(FUSED=2 if "dq-first" in mode else 1, TMA=int("tma" in mode), ONE_LOOP=int("one-loop" in mode))
+    else:
+        cfg.update(BLOCK_M2=16, num_warps2=8, num_stages2=2, maxnreg=128, maxnreg2=168)
+    assert "tma" not in mode or F._tma_ok(q, do)
+    F._backward_launch(do, q, k, v, out, lse, dlse, dq, dk, dv, causal, D**-0.5, cfg)
+    want = _grads(q, k, v, causal, do, dlse, impl=ref_attention)  # float64 autograd
+    for name, g, w in zip(("dq", "dk", "dv"), (dq, dk, dv), want):
+        assert g.dtype == q.dtype
+        _close(g, w, 4e-3, name)
+
+
 def test_tma_eligibility():
     # the one rule behind the TMA loads of the backward and the decode path
     q, k = rand(1, 2, 16, 32), rand(1, 1, 16, 32)
@@ -395,7 +422,9 @@ def test_gpu_decode_split_kv(L, nq):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["split", "atomic", "tma", "tma-atomic", "tma-one-loop", "off64"])
+@pytest.mark.parametrize(
+    "mode", ["split", "atomic", "tma", "tma-atomic", "tma-one-loop", "off64", "fused", "tma-fused"]
+)
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_backward_dq_modes(monkeypatch, causal, mode):
     torch.manual_seed(4)
@@ -406,7 +435,7 @@ def test_gpu_backward_dq_modes(monkeypatch, causal, mode):
     out, lse = F._forward_impl(q, k, v, causal, D**-0.5, force_decode=False)
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
     cfg = dict(F.get_config("bwd", q.device, D, causal, N, q.dtype), DQ_ATOMIC="atomic" in mode)
-    cfg.update(TMA=int("tma" in mode), ONE_LOOP=int("one-loop" in mode))
+    cfg.update(TMA=int("tma" in mode), ONE_LOOP=int("one-loop" in mode), FUSED=int("fused" in mode))
     F._backward_launch(do, q, k, v, out, lse, None, dq, dk, dv, causal, D**-0.5, cfg)
     ref32 = lambda *a: ref_attention(*a, dtype=torch.float32)
     want = _grads(q.float(), k.float(), v.float(), causal, do.float(), impl=ref32)

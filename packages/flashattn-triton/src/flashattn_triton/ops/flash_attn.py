@@ -605,7 +605,8 @@ def _bwd_dkdv_block(
 
 
 @triton.jit
-def _bwd_dkdv_kernel(
+def _bwd_dkdv_program(
+    pid,
     Q,
     K,
     V,
@@ -662,8 +663,8 @@ def _bwd_dkdv_kernel(
     """dK, dV for one KV block, summed over every query head of its GQA group (no scratch, no atomics).
     With DQ_ATOMIC it also adds its dQ share into an fp32 accumulator (5 GEMMs per tile instead of the
     4 + 3 of the separate dQ kernel), walking the query blocks from a per-program offset so neighbouring
-    KV blocks do not hit the same dQ rows at the same time."""
-    pid = tl.program_id(0)
+    KV blocks do not hit the same dQ rows at the same time. ``pid``: this program's index among the dK/dV
+    programs (the fused launch offsets it)."""
     pid_bk = pid // NUM_N
     pid_n = pid % NUM_N  # causal: low n sees the most queries and is scheduled first
     b = pid_bk // Hkv
@@ -825,6 +826,118 @@ def _bwd_dkdv_kernel(
 
 
 @triton.jit
+def _bwd_dkdv_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DK,
+    DV,
+    DQA,
+    cu_q,
+    cu_k,
+    sqb,
+    sqh,
+    sqm,
+    skb,
+    skh,
+    skn,
+    svb,
+    svh,
+    svn,
+    sdob,
+    sdoh,
+    sdom,
+    sdkb,
+    sdkh,
+    sdkn,
+    sdvb,
+    sdvh,
+    sdvn,
+    sqab,
+    sqah,
+    sqam,
+    slb,
+    slh,
+    Hkv,
+    GROUP,
+    Nq,
+    Nk,
+    NUM_N,
+    sm_scale,
+    qk2,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    VARLEN: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    DQ_ATOMIC: tl.constexpr,
+    OFF32: tl.constexpr = False,
+    TMA: tl.constexpr = False,
+    ONE_LOOP: tl.constexpr = False,
+):
+    _bwd_dkdv_program(
+        tl.program_id(0),
+        Q,
+        K,
+        V,
+        DO,
+        LSE,
+        DELTA,
+        DK,
+        DV,
+        DQA,
+        cu_q,
+        cu_k,
+        sqb,
+        sqh,
+        sqm,
+        skb,
+        skh,
+        skn,
+        svb,
+        svh,
+        svn,
+        sdob,
+        sdoh,
+        sdom,
+        sdkb,
+        sdkh,
+        sdkn,
+        sdvb,
+        sdvh,
+        sdvn,
+        sqab,
+        sqah,
+        sqam,
+        slb,
+        slh,
+        Hkv,
+        GROUP,
+        Nq,
+        Nk,
+        NUM_N,
+        sm_scale,
+        qk2,
+        HEAD_DIM,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_D,
+        CAUSAL,
+        VARLEN,
+        DOT_PREC,
+        DQ_ATOMIC,
+        OFF32,
+        TMA,
+        ONE_LOOP,
+    )
+
+
+@triton.jit
 def _bwd_dq_block(
     dq,
     q,
@@ -876,7 +989,8 @@ def _bwd_dq_block(
 
 
 @triton.jit
-def _bwd_dq_kernel(
+def _bwd_dq_program(
+    pid,
     Q,
     K,
     V,
@@ -918,7 +1032,6 @@ def _bwd_dq_kernel(
     VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    pid = tl.program_id(0)
     pid_bh = pid // NUM_M
     pid_m = pid % NUM_M
     if CAUSAL:
@@ -1004,6 +1117,269 @@ def _bwd_dq_kernel(
     )
     dq = dq * sm_scale
     tl.store(DQ + b64 * sdqb + h * sdqh + rows * sdqm + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _bwd_dq_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    cu_q,
+    cu_k,
+    sqb,
+    sqh,
+    sqm,
+    skb,
+    skh,
+    skn,
+    svb,
+    svh,
+    svn,
+    sdob,
+    sdoh,
+    sdom,
+    sdqb,
+    sdqh,
+    sdqm,
+    slb,
+    slh,
+    H,
+    GROUP,
+    Nq,
+    Nk,
+    NUM_M,
+    sm_scale,
+    qk2,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    VARLEN: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    _bwd_dq_program(
+        tl.program_id(0),
+        Q,
+        K,
+        V,
+        DO,
+        LSE,
+        DELTA,
+        DQ,
+        cu_q,
+        cu_k,
+        sqb,
+        sqh,
+        sqm,
+        skb,
+        skh,
+        skn,
+        svb,
+        svh,
+        svn,
+        sdob,
+        sdoh,
+        sdom,
+        sdqb,
+        sdqh,
+        sdqm,
+        slb,
+        slh,
+        H,
+        GROUP,
+        Nq,
+        Nk,
+        NUM_M,
+        sm_scale,
+        qk2,
+        HEAD_DIM,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_D,
+        CAUSAL,
+        VARLEN,
+        DOT_PREC,
+    )
+
+
+@triton.jit
+def _bwd_fused_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    QD,
+    DOD,
+    LSE,
+    DELTA,
+    DK,
+    DV,
+    DQ,
+    cu_q,
+    cu_k,
+    sqb,
+    sqh,
+    sqm,
+    skb,
+    skh,
+    skn,
+    svb,
+    svh,
+    svn,
+    sdob,
+    sdoh,
+    sdom,
+    sdkb,
+    sdkh,
+    sdkn,
+    sdvb,
+    sdvh,
+    sdvn,
+    sdqb,
+    sdqh,
+    sdqm,
+    slb,
+    slh,
+    H,
+    Hkv,
+    GROUP,
+    Nq,
+    Nk,
+    NUM_N,
+    NUM_M,
+    N_FIRST,
+    sm_scale,
+    qk2,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M1: tl.constexpr,
+    BLOCK_N1: tl.constexpr,
+    BLOCK_M2: tl.constexpr,
+    BLOCK_N2: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    VARLEN: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    OFF32: tl.constexpr = False,
+    TMA: tl.constexpr = False,
+    ONE_LOOP: tl.constexpr = False,
+    DQ_FIRST: tl.constexpr = False,
+):
+    """The split-dQ backward's two kernels in one launch (FUSED=1): both only read the preprocess's delta,
+    so they can share one grid -- no kernel boundary, and the tail of one fills with programs of the other.
+    The first N_FIRST program ids are dK/dV programs (DQ_FIRST: dQ programs), the rest the other kind.
+    QD/DOD: the dK/dV loop's Q/dO (TMA descriptors when TMA, else the Q/DO pointers)."""
+    pid = tl.program_id(0)
+    if DQ_FIRST:
+        is_dq = pid < N_FIRST
+        sub = tl.where(is_dq, pid, pid - N_FIRST)
+    else:
+        is_dq = pid >= N_FIRST
+        sub = tl.where(is_dq, pid - N_FIRST, pid)
+    if is_dq:
+        _bwd_dq_program(
+            sub,
+            Q,
+            K,
+            V,
+            DO,
+            LSE,
+            DELTA,
+            DQ,
+            cu_q,
+            cu_k,
+            sqb,
+            sqh,
+            sqm,
+            skb,
+            skh,
+            skn,
+            svb,
+            svh,
+            svn,
+            sdob,
+            sdoh,
+            sdom,
+            sdqb,
+            sdqh,
+            sdqm,
+            slb,
+            slh,
+            H,
+            GROUP,
+            Nq,
+            Nk,
+            NUM_M,
+            sm_scale,
+            qk2,
+            HEAD_DIM,
+            BLOCK_M2,
+            BLOCK_N2,
+            BLOCK_D,
+            CAUSAL,
+            VARLEN,
+            DOT_PREC,
+        )
+    else:
+        _bwd_dkdv_program(
+            sub,
+            QD,
+            K,
+            V,
+            DOD,
+            LSE,
+            DELTA,
+            DK,
+            DV,
+            DQ,  # DQA: unused without DQ_ATOMIC
+            cu_q,
+            cu_k,
+            sqb,
+            sqh,
+            sqm,
+            skb,
+            skh,
+            skn,
+            svb,
+            svh,
+            svn,
+            sdob,
+            sdoh,
+            sdom,
+            sdkb,
+            sdkh,
+            sdkn,
+            sdvb,
+            sdvh,
+            sdvn,
+            sdqb,
+            sdqh,
+            sdqm,
+            slb,
+            slh,
+            Hkv,
+            GROUP,
+            Nq,
+            Nk,
+            NUM_N,
+            sm_scale,
+            qk2,
+            HEAD_DIM,
+            BLOCK_M1,
+            BLOCK_N1,
+            BLOCK_D,
+            CAUSAL,
+            VARLEN,
+            DOT_PREC,
+            False,
+            OFF32,
+            TMA,
+            ONE_LOOP,
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -1459,6 +1835,7 @@ def _backward_launch(
     prec = _dot_prec(q.dtype)
     bm1 = cfg["BLOCK_M1"]
     num_n = triton.cdiv(Nk, cfg["BLOCK_N1"])
+    num_m = triton.cdiv(Nq, cfg["BLOCK_M2"])
     # TMA=1: Q and dO tiles of the dK/dV loop come by TMA (4-D host descriptors, no per-thread addresses)
     tma = bool(cfg.get("TMA", 0)) and not varlen and _tma_ok(q, do)
     if tma:
@@ -1468,6 +1845,64 @@ def _backward_launch(
     # 32-bit row offsets from the per-head base when a head's rows (plus one tile of slack) fit in int32
     row_stride = max(st(q)[2], st(do)[2], st(dqa)[2], 1)
     off32 = (Nq + bm1) * row_stride + bd < _OFF32_LIMIT
+    one_loop = bool(cfg.get("ONE_LOOP", 0)) and not dq_atomic
+    # optional per-launch knobs: maxnreg caps registers per thread (ptxas .maxnreg); the dQ kernel may take its
+    # own num_warps2/num_stages2/maxnreg2 (defaults: the dK/dV kernel's warps/stages, no cap)
+    opts1 = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if cfg.get("maxnreg"):
+        opts1["maxnreg"] = int(cfg["maxnreg"])
+    fused = int(cfg.get("FUSED", 0)) if not dq_atomic else 0
+    if fused:
+        # FUSED=1 (dK/dV programs first) or 2 (dQ programs first): one launch for both kernels
+        n_dkdv, n_dq = num_n * B * Hkv, num_m * B * H
+        _bwd_fused_kernel[(n_dkdv + n_dq,)](
+            q,
+            k,
+            v,
+            do,
+            qa,
+            doa,
+            lse,
+            delta,
+            dk,
+            dv,
+            dq,
+            cu_q,
+            cu_k,
+            *st(q),
+            *st(k),
+            *st(v),
+            *st(do),
+            *st(dk),
+            *st(dv),
+            *st(dq),
+            *sl,
+            H,
+            Hkv,
+            group,
+            Nq,
+            Nk,
+            num_n,
+            num_m,
+            n_dq if fused == 2 else n_dkdv,
+            sm_scale,
+            sm_scale * LOG2E,
+            HEAD_DIM=D,
+            BLOCK_M1=cfg["BLOCK_M1"],
+            BLOCK_N1=cfg["BLOCK_N1"],
+            BLOCK_M2=cfg["BLOCK_M2"],
+            BLOCK_N2=cfg["BLOCK_N2"],
+            BLOCK_D=bd,
+            CAUSAL=bool(causal),
+            VARLEN=varlen,
+            DOT_PREC=prec,
+            OFF32=off32,
+            TMA=tma,
+            ONE_LOOP=one_loop,
+            DQ_FIRST=fused == 2,
+            **opts1,
+        )
+        return
     _bwd_dkdv_kernel[(num_n * B * Hkv,)](
         qa,
         k,
@@ -1505,9 +1940,8 @@ def _backward_launch(
         DQ_ATOMIC=dq_atomic,
         OFF32=off32,
         TMA=tma,
-        ONE_LOOP=bool(cfg.get("ONE_LOOP", 0)) and not dq_atomic,
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
+        ONE_LOOP=one_loop,
+        **opts1,
     )
     if dq_atomic:
         _bwd_dq_convert_kernel[(num_pre * B * H,)](
@@ -1526,7 +1960,11 @@ def _backward_launch(
             VARLEN=varlen,
         )
         return
-    num_m = triton.cdiv(Nq, cfg["BLOCK_M2"])
+    opts2 = dict(
+        num_warps=cfg.get("num_warps2") or cfg["num_warps"], num_stages=cfg.get("num_stages2") or cfg["num_stages"]
+    )
+    if cfg.get("maxnreg2"):
+        opts2["maxnreg"] = int(cfg["maxnreg2"])
     _bwd_dq_kernel[(num_m * B * H,)](
         q,
         k,
@@ -1557,8 +1995,7 @@ def _backward_launch(
         CAUSAL=bool(causal),
         VARLEN=varlen,
         DOT_PREC=prec,
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
+        **opts2,
     )
 
 
