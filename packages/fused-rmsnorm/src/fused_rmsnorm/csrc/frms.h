@@ -32,7 +32,7 @@ struct FrmsSm90Args {
   void* d;           // (M, N), row stride ldd
   int64_t ldd;
   int64_t M, N, K;
-  int pdl;      // launch as a programmatic dependent of the previous kernel
+  int pdl;      // launch as a programmatic dependent of the previous kernel (not with a stream-K workspace)
   int raster;   // tile scheduler raster order: 0 heuristic, 1 along M, 2 along N
   int swizzle;  // tile scheduler max swizzle size: 0 (= 1), 1, 2, 4, 8
   int splits;   // stream-K config only: > 1 = fixed split-K into this many pieces; 1 = stream-K heuristic

@@ -196,6 +196,7 @@ int run(const FrmsSm90Args& p, size_t* workspace_size_out) {
       {static_cast<const T*>(p.bias), T(0), {_0{}, _1{}, int64_t(0)}},
       {}};
   args.hw_info.sm_count = sm_count_cached();
+  if (args.hw_info.sm_count <= 0) return int(cudaErrorNoDevice);  // the schedulers divide by it
   using Raster = decltype(args.scheduler.raster_order);
   args.scheduler.raster_order = p.raster == 1 ? Raster::AlongM : (p.raster == 2 ? Raster::AlongN : Raster::Heuristic);
   args.scheduler.max_swizzle_size = swizzle;
@@ -220,7 +221,10 @@ int run(const FrmsSm90Args& p, size_t* workspace_size_out) {
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   if (gemm.initialize(args, need ? p.workspace : nullptr, stream) != cutlass::Status::kSuccess)
     return FRMS_ERR_CUTLASS;
-  cutlass::Status st = gemm.run(stream, nullptr, p.pdl != 0);
+  // Stream-K: initialize() put a memset of the turnstile flags between the rstd kernel and this one, so
+  // PDL could overlap nothing, and CUTLASS's own grid-dependency waits (before the flags are read) are
+  // compiled out here: launch it as an ordinary stream-ordered kernel.
+  cutlass::Status st = gemm.run(stream, nullptr, p.pdl != 0 && need == 0);
   if (st != cutlass::Status::kSuccess) {
     cudaError_t e = cudaGetLastError();
     return e != cudaSuccess ? int(e) : FRMS_ERR_CUTLASS;
