@@ -87,7 +87,14 @@ def name(cfg: dict) -> str:
         return n
     if cfg["path"] == "decode":
         return "decode"
-    return f"gemm{cfg['config']}"
+    n = f"gemm{cfg['config']}"
+    if cfg.get("raster", 0):  # sm90 tile-scheduler knobs, shown only when not the default
+        n += f"_r{cfg['raster']}"
+    if cfg.get("swizzle", 1) != 1:
+        n += f"_s{cfg['swizzle']}"
+    if cfg.get("splits", 1) != 1:
+        n += f"_k{cfg['splits']}"
+    return n
 
 
 # ------------------------------------------------------------------------------------------- GPU
@@ -184,10 +191,13 @@ class DryGpu:
             return w_us * (1.15 + 0.01 * M) * (1.1 if ctas > 264 or ctas < 132 else 1.0) + 2 + ks
         if cfg["path"] == "decode":
             return w_us * 1.3 * math.ceil(M / 8) + 2
-        tm = {0: 128, 1: 128, 2: 64}[cfg["config"]]
-        tn = {0: 256, 1: 128, 2: 128}[cfg["config"]]
-        waves = math.ceil(math.ceil(M / tm) * math.ceil(N / tn) / 132)
-        return max(w_us * 1.05, waves * tm * tn * D * 2 / 6.0e6) + 4.0
+        c = cfg["config"]
+        tm = {0: 128, 1: 128, 2: 64, 3: 64, 4: 128, 5: 256, 6: 128}[c]
+        tn = {0: 256, 1: 128, 2: 128, 3: 128, 4: 128, 5: 128, 6: 128}[c]
+        tiles = math.ceil(M / tm) * math.ceil(N / tn)
+        waves = tiles / 132 if c == 6 else math.ceil(tiles / 132)  # stream-K evens out the last wave
+        knob = 1.0 - 0.01 * (cfg.get("raster", 0) == 1) - 0.005 * math.log2(cfg.get("swizzle", 1))
+        return (max(w_us * (0.98 if c == 3 else 1.05), waves * tm * tn * D * 2 / 6.0e6) + 4.0) * knob
 
 
 # ----------------------------------------------------------------------------------- table logic

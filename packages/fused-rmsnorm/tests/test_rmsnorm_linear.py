@@ -637,3 +637,140 @@ def test_gemm_operands_scale_x_or_fold_w():
     for xs in (x, xl):
         a, wf = _gemm_operands(xs, g, w, None)
         torch.testing.assert_close(a @ wf.T, (xs * g) @ w.T)
+
+
+# ------------------------------------------------------------------------ SM90 tile configs + knobs
+
+
+def test_sm90_knob_args_validation():
+    """Tuning-entry keys raster / swizzle / splits reach the binding as ints; bad values name the key."""
+    from fused_rmsnorm.ops.rmsnorm_linear import SM90_NUM_CONFIGS, SM90_STREAM_K_CONFIGS, sm90_knob_args
+
+    assert sm90_knob_args({"path": "gemm", "config": 1}) == (0, 1, 1)  # CUTLASS's defaults
+    assert sm90_knob_args({"config": 3, "raster": 2, "swizzle": 4}) == (2, 4, 1)
+    sk = SM90_STREAM_K_CONFIGS[0]
+    assert sm90_knob_args({"config": sk, "raster": 1, "splits": 3}) == (1, 1, 3)
+    bad = [
+        ({"config": SM90_NUM_CONFIGS}, "'config'"),
+        ({"config": True}, "'config'"),
+        ({"config": 1, "raster": 3}, "'raster'"),
+        ({"config": 1, "swizzle": 3}, "'swizzle'"),
+        ({"config": 1, "swizzle": True}, "'swizzle'"),
+        ({"config": sk, "splits": 0}, "'splits'"),
+        ({"config": 1, "splits": 2}, "stream-K"),
+    ]
+    for cfg, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            sm90_knob_args(cfg)
+
+
+def test_shipped_sm90_gemm_entries_are_valid():
+    import json
+
+    from fused_rmsnorm.ops import rmsnorm_linear as op
+    from fused_rmsnorm.ops.rmsnorm_linear import sm90_knob_args
+
+    table = json.loads(op._TUNING_PATH.read_text())
+    for e in table["sm90"]:
+        if e["config"].get("path") == "gemm":
+            sm90_knob_args(e["config"])
+    assert "raster" in table["_comment"] and "swizzle" in table["_comment"]
+
+
+def test_plan_passes_knob_keys(monkeypatch):
+    from fused_rmsnorm.ops import rmsnorm_linear as op
+
+    entry = {"path": "gemm", "config": 6, "pdl": True, "raster": 1, "swizzle": 2}
+    monkeypatch.setattr(op._TUNING, "lookup", lambda *a, **k: dict(entry))
+    p = plan("sm90", 128, 8192, 8192, has_gemm=True)
+    assert p == entry and op.sm90_knob_args(p) == (1, 2, 1)
+
+
+def test_sm90_configs_match_build_and_header():
+    import re
+
+    from fused_rmsnorm.ops.rmsnorm_linear import SM90_NUM_CONFIGS, SM90_STREAM_K_CONFIGS
+
+    h = (_build.CSRC / "frms.h").read_text()
+    assert int(re.search(r"#define FRMS_SM90_NUM_CONFIGS (\d+)", h).group(1)) == SM90_NUM_CONFIGS
+    assert (int(re.search(r"#define FRMS_SM90_STREAM_K_CONFIG (\d+)", h).group(1)),) == SM90_STREAM_K_CONFIGS
+    assert _build.SM90_CONFIGS == tuple(range(SM90_NUM_CONFIGS))
+    src = (_build.CSRC / "gemm_sm90.cu").read_text()
+    for c in range(SM90_NUM_CONFIGS):
+        assert f"frms_gemm_sm90_cfg{c}" in src and f"FRMS_SM90_CFG != {c}" in src  # entry + light forwarder
+
+
+def _sm90_ext_or_skip():
+    ext = backend.get_ext(torch.device("cuda"))
+    if ext.kind == "torch" or not ext.has_gemm_sm90 or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("no SM90 CUTLASS GEMM for this GPU / binary")
+    return ext.module
+
+
+SM90_CASES = [(c, 0, 1, 1) for c in range(7)] + [(c, 2, 4, 1) for c in range(7)] + [(1, 1, 8, 1), (6, 1, 2, 3)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M", [300, 16])
+@pytest.mark.parametrize("config,raster,swizzle,splits", SM90_CASES)
+def test_gpu_sm90_every_config_and_knob(config, raster, swizzle, splits, M, dtype, monkeypatch):
+    """Every SM90 tile config (stream-K included, with its torch workspace) and non-default scheduler
+    knobs vs the fp32 reference at odd sizes (N, D multiples of 8 only: the TMA rule), with bias,
+    functional (x * g) and module (folded W') operands, on an allocator poisoned with NaN."""
+    from fused_rmsnorm.ops import rmsnorm_linear as op
+
+    _sm90_ext_or_skip()
+    D, N = 2056, 1000
+    x, g, w, b = _gpu_case(M, D, N, dtype, bias=True, seed=M + config)
+    ref = _ref32(x, g, w, b, 1e-6).double()
+    cfg = {"path": "gemm", "config": config, "pdl": True, "raster": raster, "swizzle": swizzle}
+    if splits > 1:
+        cfg["splits"] = splits
+    monkeypatch.setattr(op, "plan", lambda *a, **k: dict(cfg))
+    for call in (lambda: fused_rmsnorm_linear(x, g, w, b), lambda: op.fused_rmsnorm_linear_folded(
+            x, g, w, fold_weight(g, w), b)):  # fmt: skip
+        junk = torch.full((M * N * 4,), float("nan"), device="cuda", dtype=dtype)
+        del junk
+        y = call()
+        torch.cuda.synchronize()
+        assert y.shape == (M, N) and torch.isfinite(y).all()
+        assert rel_err(y, ref) <= 1e-2, cfg
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_stream_k_workspace_and_graph(monkeypatch):
+    """Stream-K needs a workspace: the binding refuses a launch without one, the data-parallel configs
+    need none, and the per-call torch workspace works under CUDA-graph capture (zeroed each replay)."""
+    from fused_rmsnorm.ops import rmsnorm_linear as op
+
+    m = _sm90_ext_or_skip()
+    assert m.num_sm90_configs() == op.SM90_NUM_CONFIGS
+    assert tuple(m.sm90_stream_k_configs()) == op.SM90_STREAM_K_CONFIGS
+    M, D, N = 128, 8192, 1024  # 8 tiles of 128x128 on 132 SMs: the K loop is split across CTAs
+    for c in range(op.SM90_NUM_CONFIGS):
+        need = m.gemm_sm90_workspace(1, c, M, N, D)
+        assert (need > 0) == (c in op.SM90_STREAM_K_CONFIGS), (c, need)
+    x, g, w, _ = _gpu_case(M, D, N, torch.bfloat16, seed=7)
+    rstd = torch.ones(M, device="cuda")
+    y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    s = torch.cuda.current_stream().cuda_stream
+    with pytest.raises(RuntimeError, match="workspace"):
+        m.gemm_sm90(1, 6, x.data_ptr(), D, w.data_ptr(), D, rstd.data_ptr(), 0, y.data_ptr(), N, M, N, D, True, s)
+    with pytest.raises(RuntimeError, match="unsupported arguments"):
+        m.gemm_sm90(1, 1, x.data_ptr(), D, w.data_ptr(), D, rstd.data_ptr(), 0, y.data_ptr(), N, M, N, D, True, s,
+                    splits=2)  # fmt: skip
+    with pytest.raises(RuntimeError, match="unsupported arguments"):
+        m.gemm_sm90(1, 99, x.data_ptr(), D, w.data_ptr(), D, rstd.data_ptr(), 0, y.data_ptr(), N, M, N, D, True, s)
+    cfg = {"path": "gemm", "config": op.SM90_STREAM_K_CONFIGS[0], "pdl": True}
+    monkeypatch.setattr(op, "plan", lambda *a, **k: dict(cfg))
+    ref = _ref32(x, g, w, None, 1e-6).double()
+    fused_rmsnorm_linear(x, g, w)  # warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = fused_rmsnorm_linear(x, g, w)
+    for _ in range(3):  # turnstile flags must be re-zeroed on every replay
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.isfinite(yg).all() and rel_err(yg, ref) <= 1e-2

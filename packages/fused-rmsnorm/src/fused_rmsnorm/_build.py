@@ -15,16 +15,20 @@ Translation units (each one nvcc process, run in parallel up to os.cpu_count()):
   the list has none;
 * ``gemm_sm80.cu``: CUTLASS 2.x, compiled for sm_80 only when any 8.x arch is requested (the sm_80
   cubin runs on sm_86 / sm_89);
-* ``gemm_sm90.cu`` x 3 tile configs: CUTLASS 3.x, ``sm_90a`` only (plain sm_90 builds stubs);
+* ``gemm_sm90.cu`` x 7 tile configs (one unit each): CUTLASS 3.x, ``sm_90a`` only (plain sm_90 builds stubs);
 * ``binding.cpp``: pybind11, told by macros which GEMMs exist.
 The CUTLASS units are skipped (prefill then uses the torch GEMM) when the CUTLASS headers are absent.
 
 Cost on 2 CPU cores (nvcc 13.0): the full default-arch build is ~5.3 CPU-minutes (each SM90 tile
 config ~55-70 CPU-s for bf16+fp16, the SM80 GEMMs ~40 CPU-s, decode+rstd for 4 archs ~25 CPU-s,
 decode_mma ~25-30 CPU-s per arch with its tuning variants, binding ~15 CPU-s), i.e. about 4 minutes
-wall. ``--check --light`` instantiates one tile config and one dtype per GEMM family and decode_mma
-for the oldest and newest 8.0+ arch only, its (steps, ldpolicy) variants for bf16 and 8 tokens only
-(the same template code paths) for CI; its module is only a compile proof.
+wall with the three original SM90 configs. The four added in session 4 (64x128 ping-pong cluster 2,
+128x128 coop cluster 2, 256x128 coop cluster 2, 128x128 coop stream-K) measured ~65 CPU-s for bf16
+alone (the stream-K unit, a busy 2-core box), so up to ~2 CPU-minutes per config for both dtypes: up
+to ~8 CPU-minutes more, a minute or two more wall on a 16-core GPU host (units run in parallel).
+``--check --light`` instantiates one tile config and one dtype per GEMM family and decode_mma for the
+oldest and newest 8.0+ arch only, its (steps, ldpolicy) variants for bf16 and 8 tokens only (the same
+template code paths) for CI; its module is only a compile proof.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ PKG_DIR = Path(__file__).resolve().parent
 CSRC = PKG_DIR / "csrc"
 CONFIG_FILE = PKG_DIR / "build_config.json"
 MODULE_NAME = "_C"
-SM90_CONFIGS = (0, 1, 2)
+SM90_CONFIGS = tuple(range(7))  # FRMS_SM90_NUM_CONFIGS in csrc/frms.h
 
 
 class BuildError(RuntimeError):

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -35,7 +36,9 @@ void check(int status, const char* what) {
   if (status == 0) return;
   std::string msg = std::string("fused_rmsnorm ") + what + ": ";
   if (status == FRMS_ERR_BAD_ARG)
-    msg += "unsupported arguments (sizes must be multiples of 8 elements and rows 16-byte aligned)";
+    msg += "unsupported arguments (sizes must be multiples of 8 elements and rows 16-byte aligned; SM90 GEMM: "
+           "config 0.." + std::to_string(FRMS_SM90_NUM_CONFIGS - 1) +
+           ", raster 0..2, swizzle 0|1|2|4|8, splits >= 1 and > 1 only for the stream-K config)";
   else if (status == FRMS_ERR_CUTLASS)
     msg += "CUTLASS failed to initialise or launch the GEMM";
   else if (status == FRMS_ERR_NOT_BUILT)
@@ -43,6 +46,8 @@ void check(int status, const char* what) {
   else if (status == FRMS_ERR_VARIANT)
     msg += "this (steps, ldpolicy, wload) variant is compiled only for M <= 16 (a --light build: bf16, M <= 8); "
            "wload > 0 needs steps 4 and ldpolicy 0";
+  else if (status == FRMS_ERR_WORKSPACE)
+    msg += "this GEMM config needs a workspace of gemm_sm90_workspace() bytes (stream-K); none or too small passed";
   else if (status == FRMS_ERR_UNSUPPORTED)
     msg += "a K split across CTAs (ksplit > 1) needs thread-block clusters, wload 2 / 3 cp.async.bulk: an sm_90 "
            "device and a 9.0 build";
@@ -51,6 +56,17 @@ void check(int status, const char* what) {
            cudaGetErrorString(cudaError_t(status));
   throw std::runtime_error(msg);
 }
+
+#if FRMS_HAVE_SM90
+using Sm90Entry = int (*)(const FrmsSm90Args*, std::size_t*);
+int sm90_bad_config(const FrmsSm90Args*, std::size_t*) { return FRMS_ERR_BAD_ARG; }
+Sm90Entry sm90_entry(int config) {
+  static const Sm90Entry table[FRMS_SM90_NUM_CONFIGS] = {
+      frms_gemm_sm90_cfg0, frms_gemm_sm90_cfg1, frms_gemm_sm90_cfg2, frms_gemm_sm90_cfg3,
+      frms_gemm_sm90_cfg4, frms_gemm_sm90_cfg5, frms_gemm_sm90_cfg6};
+  return config >= 0 && config < FRMS_SM90_NUM_CONFIGS ? table[config] : sm90_bad_config;
+}
+#endif
 
 std::vector<std::string> compiled_archs() {
   std::vector<std::string> out;
@@ -118,21 +134,51 @@ PYBIND11_MODULE(_C, m) {
       "gemm_sm90",
       [](int dtype, int config, std::uintptr_t a, int64_t lda, std::uintptr_t b, int64_t ldb, std::uintptr_t rstd,
          std::uintptr_t bias, std::uintptr_t d, int64_t ldd, int64_t M, int64_t N, int64_t K, bool pdl,
-         std::uintptr_t stream) {
+         std::uintptr_t stream, int raster, int swizzle, int splits, std::uintptr_t workspace,
+         std::size_t workspace_bytes) {
 #if FRMS_HAVE_SM90
-        using Fn = int (*)(int, const void*, int64_t, const void*, int64_t, const float*, const void*, void*, int64_t,
-                           int64_t, int64_t, int64_t, int, void*);
-        Fn fn = config == 0 ? frms_gemm_sm90_cfg0 : (config == 1 ? frms_gemm_sm90_cfg1 : frms_gemm_sm90_cfg2);
-        check(fn(dtype, cptr(a), lda, cptr(b), ldb, reinterpret_cast<const float*>(rstd),
-                 bias ? cptr(bias) : nullptr, mptr(d), ldd, M, N, K, pdl ? 1 : 0, mptr(stream)),
-              "gemm_sm90");
+        FrmsSm90Args p{dtype, cptr(a), lda, cptr(b), ldb, reinterpret_cast<const float*>(rstd),
+                       bias ? cptr(bias) : nullptr, mptr(d), ldd, M, N, K, pdl ? 1 : 0, raster, swizzle, splits,
+                       workspace ? mptr(workspace) : nullptr, workspace_bytes, mptr(stream)};
+        check(sm90_entry(config)(&p, nullptr), "gemm_sm90");
 #else
         check(FRMS_ERR_NOT_BUILT, "gemm_sm90");
 #endif
       },
+      "SM90 CUTLASS GEMM with the rstd row scale. config: tile config 0..num_sm90_configs()-1; raster: tile "
+      "scheduler raster order 0 heuristic / 1 along M / 2 along N; swizzle: max swizzle 0 (=1) | 1 | 2 | 4 | 8; "
+      "splits: stream-K config only, > 1 = fixed split-K; workspace: device buffer of gemm_sm90_workspace() bytes "
+      "(stream-K only; the other configs need none).",
       py::arg("dtype"), py::arg("config"), py::arg("a"), py::arg("lda"), py::arg("b"), py::arg("ldb"),
       py::arg("rstd"), py::arg("bias"), py::arg("d"), py::arg("ldd"), py::arg("M"), py::arg("N"), py::arg("K"),
-      py::arg("pdl"), py::arg("stream"));
+      py::arg("pdl"), py::arg("stream"), py::arg("raster") = 0, py::arg("swizzle") = 0, py::arg("splits") = 1,
+      py::arg("workspace") = 0, py::arg("workspace_bytes") = 0);
+
+  m.def(
+      "gemm_sm90_workspace",
+      [](int dtype, int config, int64_t M, int64_t N, int64_t K, int raster, int swizzle, int splits) {
+        std::size_t bytes = 0;
+#if FRMS_HAVE_SM90
+        FrmsSm90Args p{};
+        p.dtype = dtype;
+        p.M = M;
+        p.N = N;
+        p.K = K;
+        p.lda = p.ldb = K;
+        p.ldd = N;
+        p.raster = raster;
+        p.swizzle = swizzle;
+        p.splits = splits;
+        check(sm90_entry(config)(&p, &bytes), "gemm_sm90_workspace");
+#else
+        check(FRMS_ERR_NOT_BUILT, "gemm_sm90_workspace");
+#endif
+        return bytes;
+      },
+      "Workspace bytes gemm_sm90 needs for this (dtype, config, M, N, K, raster, swizzle, splits); 0 for every "
+      "data-parallel config. Depends on the current device's SM count (cached at the first call).",
+      py::arg("dtype"), py::arg("config"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("raster") = 0,
+      py::arg("swizzle") = 0, py::arg("splits") = 1);
 
   m.def(
       "gemm_sm80",
@@ -152,6 +198,8 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("compiled_archs", &compiled_archs, "arch list this binary was compiled for, e.g. ['8.0', '9.0a']");
   m.def("has_sm90_gemm", [] { return bool(FRMS_HAVE_SM90); });
+  m.def("num_sm90_configs", [] { return int(FRMS_SM90_NUM_CONFIGS); }, "tile configs of the SM90 GEMM (0..n-1)");
+  m.def("sm90_stream_k_configs", [] { return std::vector<int>{FRMS_SM90_STREAM_K_CONFIG}; }, "SM90 configs that take splits / a workspace");
   m.def("has_sm80_gemm", [] { return bool(FRMS_HAVE_SM80); });
   m.def("has_decode_mma", [] { return bool(FRMS_HAVE_MMA); });
 #ifdef FRMS_MMA_LIGHT

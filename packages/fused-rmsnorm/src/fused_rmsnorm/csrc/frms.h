@@ -2,6 +2,7 @@
 // Every launcher is extern "C", takes raw device pointers, element strides and a stream, and
 // returns a cudaError_t code as int (0 = success) so the binding can raise with a message.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 // dtype codes used across the Python/C boundary (keep in sync with ops/rmsnorm_linear.py)
@@ -14,6 +15,31 @@
 #define FRMS_ERR_NOT_BUILT 100002
 #define FRMS_ERR_UNSUPPORTED 100003  // e.g. a K split across CTAs without thread-block clusters
 #define FRMS_ERR_VARIANT 100004      // a decode_mma (steps, ldpolicy) variant not compiled for this M
+#define FRMS_ERR_WORKSPACE 100005    // an SM90 GEMM config needs a larger workspace than was passed
+
+#define FRMS_SM90_NUM_CONFIGS 7      // tile configs of gemm_sm90.cu (FRMS_SM90_CFG = 0 .. 6)
+#define FRMS_SM90_STREAM_K_CONFIG 6  // the one config on the stream-K scheduler (takes splits / a workspace)
+
+// Arguments of one SM90 GEMM launch: D = (A @ B^T) * rstd[:, None] (+ bias[None, :]).
+struct FrmsSm90Args {
+  int dtype;
+  const void* a;  // (M, K), row stride lda
+  int64_t lda;
+  const void* b;  // (N, K), row stride ldb
+  int64_t ldb;
+  const float* rstd;
+  const void* bias;  // nullptr: none
+  void* d;           // (M, N), row stride ldd
+  int64_t ldd;
+  int64_t M, N, K;
+  int pdl;      // launch as a programmatic dependent of the previous kernel (not with a stream-K workspace)
+  int raster;   // tile scheduler raster order: 0 heuristic, 1 along M, 2 along N
+  int swizzle;  // tile scheduler max swizzle size: 0 (= 1), 1, 2, 4, 8
+  int splits;   // stream-K config only: > 1 = fixed split-K into this many pieces; 1 = stream-K heuristic
+  void* workspace;
+  size_t workspace_bytes;
+  void* stream;
+};
 
 extern "C" {
 
@@ -38,17 +64,19 @@ int frms_decode_mma(int dtype, const void* x, int64_t ldx, const void* g, const 
 int frms_rstd(int dtype, const void* x, int64_t ldx, float* rstd, int64_t M, int64_t K, float eps, void* stream);
 
 // D = (A @ B^T) * rstd[:, None] (+ bias[None, :]); A (M, K) row stride lda, B (N, K) row stride ldb.
-int frms_gemm_sm90(int dtype, int config, const void* a, int64_t lda, const void* b, int64_t ldb, const float* rstd,
-                   const void* bias, void* d, int64_t ldd, int64_t M, int64_t N, int64_t K, int pdl, void* stream);
 int frms_gemm_sm80(int dtype, int config, const void* a, int64_t lda, const void* b, int64_t ldb, const float* rstd,
                    const void* bias, void* d, int64_t ldd, int64_t M, int64_t N, int64_t K, void* stream);
 
 // Per-config entry points for the SM90 GEMM: each tile config lives in its own translation unit
 // (gemm_sm90.cu compiled once per FRMS_SM90_CFG) so the build can compile them in parallel.
-int frms_gemm_sm90_cfg0(int dtype, const void* a, int64_t lda, const void* b, int64_t ldb, const float* rstd,
-                        const void* bias, void* d, int64_t ldd, int64_t M, int64_t N, int64_t K, int pdl, void* stream);
-int frms_gemm_sm90_cfg1(int dtype, const void* a, int64_t lda, const void* b, int64_t ldb, const float* rstd,
-                        const void* bias, void* d, int64_t ldd, int64_t M, int64_t N, int64_t K, int pdl, void* stream);
-int frms_gemm_sm90_cfg2(int dtype, const void* a, int64_t lda, const void* b, int64_t ldb, const float* rstd,
-                        const void* bias, void* d, int64_t ldd, int64_t M, int64_t N, int64_t K, int pdl, void* stream);
+// workspace_size_out != nullptr: only store the workspace bytes this call would need (nothing is
+// launched; pointers unused). Otherwise launch; a config that needs a workspace (stream-K) returns
+// FRMS_ERR_WORKSPACE if workspace / workspace_bytes cannot hold it.
+int frms_gemm_sm90_cfg0(const FrmsSm90Args* p, size_t* workspace_size_out);
+int frms_gemm_sm90_cfg1(const FrmsSm90Args* p, size_t* workspace_size_out);
+int frms_gemm_sm90_cfg2(const FrmsSm90Args* p, size_t* workspace_size_out);
+int frms_gemm_sm90_cfg3(const FrmsSm90Args* p, size_t* workspace_size_out);
+int frms_gemm_sm90_cfg4(const FrmsSm90Args* p, size_t* workspace_size_out);
+int frms_gemm_sm90_cfg5(const FrmsSm90Args* p, size_t* workspace_size_out);
+int frms_gemm_sm90_cfg6(const FrmsSm90Args* p, size_t* workspace_size_out);
 }

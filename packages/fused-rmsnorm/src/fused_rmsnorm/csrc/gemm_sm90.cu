@@ -3,7 +3,9 @@
 // A = x (row-major, K contiguous), W' = w_lin * g (row-major (N, K) == column-major B), D row-major.
 // CUTLASS 3.x TMA warp-specialized mainloop + an EVT epilogue (accumulator x column-broadcast fp32
 // vector, plus an optional row-broadcast bias that defaults to 0 when its pointer is null).
-// This file is compiled once per tile config (FRMS_SM90_CFG = 0, 1, 2) and only for sm_90a.
+// This file is compiled once per tile config (FRMS_SM90_CFG = 0..6, see below) and only for sm_90a.
+// Runtime knobs of every config (FrmsSm90Args): the tile scheduler's raster order and max swizzle, and
+// for the stream-K config a split-K count; a workspace is taken only where CUTLASS needs one.
 #include "frms.h"
 
 #include <cuda_runtime.h>
@@ -26,12 +28,17 @@
 namespace {
 using namespace cute;
 
+// Tile configs. 0..2 are the shipped ones (tuning tables refer to them by number: never renumber);
+// 3..6 were added for shapes with too few tiles or with W reuse across M tiles.
+// TileSched: the persistent data-parallel scheduler (no workspace) unless noted.
+using PersistentSched = cutlass::gemm::PersistentScheduler;
 #if FRMS_SM90_CFG == 0
 // large M*N: 128x256 cooperative, 2-CTA cluster along M (W tiles multicast)
 using TileShape = Shape<_128, _256, _64>;
 using ClusterShape = Shape<_2, _1, _1>;
 using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 using EpiSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+using TileSched = PersistentSched;
 #define FRMS_ENTRY frms_gemm_sm90_cfg0
 #elif FRMS_SM90_CFG == 1
 // mid-size: 128x128 ping-pong
@@ -39,15 +46,56 @@ using TileShape = Shape<_128, _128, _64>;
 using ClusterShape = Shape<_1, _1, _1>;
 using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
 using EpiSchedule = cutlass::epilogue::TmaWarpSpecialized;
+using TileSched = PersistentSched;
 #define FRMS_ENTRY frms_gemm_sm90_cfg1
-#else
+#elif FRMS_SM90_CFG == 2
 // small M: 64x128 ping-pong (less wasted MMA work on a 16..256-row problem)
 using TileShape = Shape<_64, _128, _64>;
 using ClusterShape = Shape<_1, _1, _1>;
 using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
 using EpiSchedule = cutlass::epilogue::TmaWarpSpecialized;
+using TileSched = PersistentSched;
 #define FRMS_ENTRY frms_gemm_sm90_cfg2
+#elif FRMS_SM90_CFG == 3
+// small M, W-bound (e.g. M=128 D8192 N8192): 64x128 ping-pong in 2-CTA clusters along M, so the two
+// M halves of one N column share each W tile (TMA multicast: W crosses L2 -> SM once, not twice)
+using TileShape = Shape<_64, _128, _64>;
+using ClusterShape = Shape<_2, _1, _1>;
+using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+using EpiSchedule = cutlass::epilogue::TmaWarpSpecialized;
+using TileSched = PersistentSched;
+#define FRMS_ENTRY frms_gemm_sm90_cfg3
+#elif FRMS_SM90_CFG == 4
+// mid-size: 128x128 cooperative, 2-CTA cluster along M (W multicast; both consumer warpgroups on one tile)
+using TileShape = Shape<_128, _128, _64>;
+using ClusterShape = Shape<_2, _1, _1>;
+using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using EpiSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+using TileSched = PersistentSched;
+#define FRMS_ENTRY frms_gemm_sm90_cfg4
+#elif FRMS_SM90_CFG == 5
+// large M: 256x128 cooperative, 2-CTA cluster along M (each consumer warpgroup a 128x128 half)
+using TileShape = Shape<_256, _128, _64>;
+using ClusterShape = Shape<_2, _1, _1>;
+using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using EpiSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+using TileSched = PersistentSched;
+#define FRMS_ENTRY frms_gemm_sm90_cfg5
+#elif FRMS_SM90_CFG == 6
+// too few tiles for the SMs (M=128 N8192: 64 tiles; M=16 N14336: 112): 128x128 cooperative with the
+// stream-K scheduler (ping-pong does not support it), which splits the K loop of the leftover tiles
+// across CTAs. Needs a workspace (partials + turnstile flags, zeroed by CUTLASS on each launch).
+using TileShape = Shape<_128, _128, _64>;
+using ClusterShape = Shape<_1, _1, _1>;
+using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using EpiSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+using TileSched = cutlass::gemm::StreamKScheduler;
+#define FRMS_ENTRY frms_gemm_sm90_cfg6
+#else
+#error "unknown FRMS_SM90_CFG"
 #endif
+constexpr bool kStreamK = cute::is_same_v<TileSched, cutlass::gemm::StreamKScheduler>;
+static_assert(kStreamK == (FRMS_SM90_CFG == FRMS_SM90_STREAM_K_CONFIG), "frms.h names the stream-K config");
 
 // The rstd vector comes from the kernel launched just before this GEMM, which triggers programmatic
 // dependent launch at its start. CUTLASS's own grid-dependency wait sits before the mainloop (it
@@ -97,7 +145,7 @@ struct GemmDef {
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
 
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, TileSched>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
@@ -114,40 +162,69 @@ int sm_count_cached() {
 }
 
 template <typename T>
-int run(const void* a, int64_t lda, const void* b, int64_t ldb, const float* rstd, const void* bias, void* d,
-        int64_t ldd, int64_t M, int64_t N, int64_t K, int pdl, cudaStream_t stream) {
+int run(const FrmsSm90Args& p, size_t* workspace_size_out) {
   using Def = GemmDef<T>;
   using Gemm = typename Def::Gemm;
   using StrideA = typename Gemm::GemmKernel::StrideA;
   using StrideB = typename Gemm::GemmKernel::StrideB;
   using StrideC = typename Gemm::GemmKernel::StrideC;
   using StrideD = typename Gemm::GemmKernel::StrideD;
+  const int64_t M = p.M, N = p.N, K = p.K;
+
+  // scheduler knobs: raster 0 heuristic / 1 along M / 2 along N; swizzle 0 (= 1) | 1 | 2 | 4 | 8;
+  // splits > 1 (a fixed split-K decomposition) only for the stream-K config
+  if (p.raster < 0 || p.raster > 2) return FRMS_ERR_BAD_ARG;
+  const int swizzle = p.swizzle == 0 ? 1 : p.swizzle;
+  if (swizzle != 1 && swizzle != 2 && swizzle != 4 && swizzle != 8) return FRMS_ERR_BAD_ARG;
+  if (p.splits < 1 || (p.splits > 1 && !kStreamK) || p.splits > 64) return FRMS_ERR_BAD_ARG;
 
   // (row stride, unit K / N stride, batch stride); rows need not be packed. Batch stride is a
   // nonzero multiple of 16 bytes for the TMA descriptor even though L == 1.
-  StrideA sa{lda, _1{}, lda * M};
-  StrideB sb{ldb, _1{}, ldb * N};
-  StrideC sc{ldd, _1{}, ldd * M};
-  StrideD sd{ldd, _1{}, ldd * M};
+  StrideA sa{p.lda, _1{}, p.lda * M};
+  StrideB sb{p.ldb, _1{}, p.ldb * N};
+  StrideC sc{p.ldd, _1{}, p.ldd * M};
+  StrideD sd{p.ldd, _1{}, p.ldd * M};
 
   typename Gemm::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGemm,
       {int(M), int(N), int(K), 1},
-      {static_cast<const T*>(a), sa, static_cast<const T*>(b), sb},
-      {{}, nullptr, sc, static_cast<T*>(d), sd}};
+      {static_cast<const T*>(p.a), sa, static_cast<const T*>(p.b), sb},
+      {{}, nullptr, sc, static_cast<T*>(p.d), sd}};
   // EVT argument tree: {Scaled{Acc{}, RowScale{ptr, default, stride}, mul{}}, Bias{ptr, default, stride}, plus{}}
   args.epilogue.thread = {
-      {{}, {rstd, 0.f, {_1{}, _0{}, int64_t(0)}}, {}},
-      {static_cast<const T*>(bias), T(0), {_0{}, _1{}, int64_t(0)}},
+      {{}, {p.rstd, 0.f, {_1{}, _0{}, int64_t(0)}}, {}},
+      {static_cast<const T*>(p.bias), T(0), {_0{}, _1{}, int64_t(0)}},
       {}};
   args.hw_info.sm_count = sm_count_cached();
+  if (args.hw_info.sm_count <= 0) return int(cudaErrorNoDevice);  // the schedulers divide by it
+  using Raster = decltype(args.scheduler.raster_order);
+  args.scheduler.raster_order = p.raster == 1 ? Raster::AlongM : (p.raster == 2 ? Raster::AlongN : Raster::Heuristic);
+  args.scheduler.max_swizzle_size = swizzle;
+  if constexpr (kStreamK) {
+    if (p.splits > 1) {
+      args.scheduler.splits = p.splits;
+      args.scheduler.decomposition_mode = decltype(args.scheduler.decomposition_mode)::SplitK;
+    }
+  }
 
+  // The workspace depends on the shape, the knobs and the SM count only (no pointers are read).
+  const size_t need = Gemm::get_workspace_size(args);
+  if (workspace_size_out) {
+    *workspace_size_out = need;
+    return 0;
+  }
   Gemm gemm;
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return FRMS_ERR_BAD_ARG;
-  // The persistent data-parallel scheduler needs no workspace; refuse rather than allocate per call.
-  if (Gemm::get_workspace_size(args) != 0) return FRMS_ERR_CUTLASS;
-  if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) return FRMS_ERR_CUTLASS;
-  cutlass::Status st = gemm.run(stream, nullptr, pdl != 0);
+  // The data-parallel configs need none; stream-K takes the caller's (torch-allocated) buffer rather
+  // than allocating per call. CUTLASS zeroes the part it needs in initialize(), on the stream.
+  if (need > p.workspace_bytes || (need && !p.workspace)) return FRMS_ERR_WORKSPACE;
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  if (gemm.initialize(args, need ? p.workspace : nullptr, stream) != cutlass::Status::kSuccess)
+    return FRMS_ERR_CUTLASS;
+  // Stream-K: initialize() put a memset of the turnstile flags between the rstd kernel and this one, so
+  // PDL could overlap nothing, and CUTLASS's own grid-dependency waits (before the flags are read) are
+  // compiled out here: launch it as an ordinary stream-ordered kernel.
+  cutlass::Status st = gemm.run(stream, nullptr, p.pdl != 0 && need == 0);
   if (st != cutlass::Status::kSuccess) {
     cudaError_t e = cudaGetLastError();
     return e != cudaSuccess ? int(e) : FRMS_ERR_CUTLASS;
@@ -156,16 +233,13 @@ int run(const void* a, int64_t lda, const void* b, int64_t ldb, const float* rst
 }
 }  // namespace
 
-extern "C" int FRMS_ENTRY(int dtype, const void* a, int64_t lda, const void* b, int64_t ldb, const float* rstd,
-                          const void* bias, void* d, int64_t ldd, int64_t M, int64_t N, int64_t K, int pdl,
-                          void* stream) {
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (dtype == FRMS_DTYPE_BF16)
-    return run<cutlass::bfloat16_t>(a, lda, b, ldb, rstd, bias, d, ldd, M, N, K, pdl, s);
+extern "C" int FRMS_ENTRY(const FrmsSm90Args* p, size_t* workspace_size_out) {
+  if (p == nullptr) return FRMS_ERR_BAD_ARG;
+  if (p->dtype == FRMS_DTYPE_BF16) return run<cutlass::bfloat16_t>(*p, workspace_size_out);
 #ifndef FRMS_SM90_LIGHT  // the CI compile check instantiates bf16 only (same template path, half the time)
-  if (dtype == FRMS_DTYPE_F16) return run<cutlass::half_t>(a, lda, b, ldb, rstd, bias, d, ldd, M, N, K, pdl, s);
+  if (p->dtype == FRMS_DTYPE_F16) return run<cutlass::half_t>(*p, workspace_size_out);
 #else
-  if (dtype == FRMS_DTYPE_F16) return FRMS_ERR_NOT_BUILT;
+  if (p->dtype == FRMS_DTYPE_F16) return FRMS_ERR_NOT_BUILT;
 #endif
   return FRMS_ERR_BAD_ARG;
 }
@@ -173,12 +247,8 @@ extern "C" int FRMS_ENTRY(int dtype, const void* a, int64_t lda, const void* b, 
 #ifdef FRMS_SM90_LIGHT
 // CI compile check (--light): one tile config is compiled for real and the other entry points forward
 // to it, so the module links and every code path is still compiled once.
-#define FRMS_FORWARD(name)                                                                                 \
-  extern "C" int name(int dtype, const void* a, int64_t lda, const void* b, int64_t ldb, const float* rstd, \
-                      const void* bias, void* d, int64_t ldd, int64_t M, int64_t N, int64_t K, int pdl,     \
-                      void* stream) {                                                                       \
-    return FRMS_ENTRY(dtype, a, lda, b, ldb, rstd, bias, d, ldd, M, N, K, pdl, stream);                     \
-  }
+#define FRMS_FORWARD(name) \
+  extern "C" int name(const FrmsSm90Args* p, size_t* ws) { return FRMS_ENTRY(p, ws); }
 #if FRMS_SM90_CFG != 0
 FRMS_FORWARD(frms_gemm_sm90_cfg0)
 #endif
@@ -187,5 +257,17 @@ FRMS_FORWARD(frms_gemm_sm90_cfg1)
 #endif
 #if FRMS_SM90_CFG != 2
 FRMS_FORWARD(frms_gemm_sm90_cfg2)
+#endif
+#if FRMS_SM90_CFG != 3
+FRMS_FORWARD(frms_gemm_sm90_cfg3)
+#endif
+#if FRMS_SM90_CFG != 4
+FRMS_FORWARD(frms_gemm_sm90_cfg4)
+#endif
+#if FRMS_SM90_CFG != 5
+FRMS_FORWARD(frms_gemm_sm90_cfg5)
+#endif
+#if FRMS_SM90_CFG != 6
+FRMS_FORWARD(frms_gemm_sm90_cfg6)
 #endif
 #endif

@@ -17,6 +17,7 @@ stride and 16-byte aligned rows (a copy only when needed). Weights likewise.
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -28,7 +29,8 @@ from .._common import Backend, TuningTable, arch_key, check_same_device, check_t
 
 _DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1}
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_TUNING = TuningTable.from_json(Path(__file__).resolve().parent.parent / "tuning.json")
+_TUNING_PATH = Path(__file__).resolve().parent.parent / "tuning.json"
+_TUNING = TuningTable.from_json(_TUNING_PATH)
 
 
 # ------------------------------------------------------------------------------------------ checks
@@ -121,6 +123,51 @@ def mma_variant_args(cfg: dict) -> tuple[int, int, int]:
     if wload and (steps not in (0, 4) or pol != "evict_first"):
         raise ValueError(f"decode_mma config 'wload' {wload} needs steps 4 and ldpolicy 'evict_first', got {cfg!r}")
     return steps, _LDPOLICY[pol], int(wload)
+
+
+SM90_NUM_CONFIGS = 7  # csrc/frms.h FRMS_SM90_NUM_CONFIGS
+SM90_STREAM_K_CONFIGS = (6,)  # csrc/frms.h FRMS_SM90_STREAM_K_CONFIG: the config that takes splits / a workspace
+
+
+def sm90_knob_args(cfg: dict) -> tuple[int, int, int]:
+    """(raster, swizzle, splits) of an sm90 "gemm" entry: optional keys "raster" 0 heuristic (default) |
+    1 along M | 2 along N (tile scheduler raster order), "swizzle" 1 (default) | 2 | 4 | 8 (max swizzle
+    size), "splits" (stream-K config only) 1 (default: stream-K heuristic) | > 1 fixed split-K."""
+    config = cfg.get("config", 0)
+    if isinstance(config, bool) or not isinstance(config, int) or not 0 <= config < SM90_NUM_CONFIGS:
+        raise ValueError(f"sm90 gemm config 'config' must be an int in 0..{SM90_NUM_CONFIGS - 1}, got {config!r}")
+    raster = cfg.get("raster", 0)
+    if isinstance(raster, bool) or raster not in (0, 1, 2):
+        raise ValueError(f"sm90 gemm config 'raster' must be 0 (heuristic), 1 (along M) or 2 (along N), got {raster!r}")
+    swizzle = cfg.get("swizzle", 1)
+    if isinstance(swizzle, bool) or swizzle not in (1, 2, 4, 8):
+        raise ValueError(f"sm90 gemm config 'swizzle' must be 1, 2, 4 or 8, got {swizzle!r}")
+    splits = cfg.get("splits", 1)
+    if isinstance(splits, bool) or not isinstance(splits, int) or not 1 <= splits <= 64:
+        raise ValueError(f"sm90 gemm config 'splits' must be an int in 1..64, got {splits!r}")
+    if splits > 1 and config not in SM90_STREAM_K_CONFIGS:
+        raise ValueError(f"sm90 gemm config 'splits' > 1 needs a stream-K config {SM90_STREAM_K_CONFIGS}, got {cfg!r}")
+    return int(raster), int(swizzle), int(splits)
+
+
+@functools.lru_cache(maxsize=1024)
+def _sm90_workspace_bytes(mod, dt: int, config: int, M: int, N: int, K: int, knobs: tuple[int, int, int]) -> int:
+    return int(mod.gemm_sm90_workspace(dt, config, M, N, K, *knobs))
+
+
+def _sm90_workspace(mod, dt, config, M, N, K, knobs, device) -> tuple[int, int, torch.Tensor | None]:
+    """(pointer, bytes, tensor) of the stream-K workspace; (0, 0, None) for the data-parallel configs.
+
+    The size query is cached per (shape, knobs); the buffer itself comes from torch's caching
+    allocator on each call (no device sync, capturable in a CUDA graph, and stream-ordered, so two
+    streams never share one scratch buffer as a single cached tensor would let them)."""
+    if config not in SM90_STREAM_K_CONFIGS:
+        return 0, 0, None
+    n = _sm90_workspace_bytes(mod, dt, config, M, N, K, knobs)
+    if n == 0:
+        return 0, 0, None
+    ws = torch.empty(n, dtype=torch.uint8, device=device)
+    return ws.data_ptr(), n, ws
 
 
 def _as_2d_rows(t: torch.Tensor, name: str) -> torch.Tensor:
@@ -223,9 +270,12 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
     if p["path"] == "gemm":
         cfg = int(p.get("config", 0))
         if cap[0] == 9:
+            knobs = sm90_knob_args(p)
+            wsp, wsn, _ws = _sm90_workspace(mod, dt, cfg, M, N, D, knobs, x.device)
             mod.gemm_sm90(
                 dt, cfg, a.data_ptr(), _ld(a), wf.data_ptr(), _ld(wf), rstd.data_ptr(), bptr,
                 out.data_ptr(), out.stride(0), M, N, D, bool(p.get("pdl", True)), stream,
+                *knobs, wsp, wsn,
             )  # fmt: skip
         else:
             mod.gemm_sm80(
