@@ -15,6 +15,7 @@ import enum
 import os
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 
 class Backend(str, enum.Enum):
@@ -52,8 +53,12 @@ def use_registered_op(*tensors: object) -> bool:
     """
     if torch.compiler.is_compiling():
         return True
+    # A Python dispatch mode (make_fx / AOTAutograd tracing, FunctionalTensorMode, user modes such
+    # as FlopCounterMode) must see the op itself, not the tensors our launcher allocates.
+    if _get_current_dispatch_mode() is not None:
+        return True
     for t in tensors:  # plain tensors (the eager case) are decided by a type check
-        if type(t) is torch.Tensor:
+        if type(t) is torch.Tensor or type(t) is torch.nn.Parameter:
             if t.is_meta:
                 return True
         elif isinstance(t, torch.Tensor):

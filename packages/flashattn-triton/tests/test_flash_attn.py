@@ -355,6 +355,48 @@ def test_torch_compile_fullgraph_no_graph_break():
     _close(g1, q.grad.double(), 1e-3, "dq")
 
 
+def test_eager_calls_skip_the_op_dispatcher(monkeypatch):
+    """Eager: the autograd backward runs the implementation directly with dlse=None (no zero-filled
+    LSE gradient) and a no-grad forward skips the forward op; under a Python dispatch mode (what
+    tracing and FlopCounterMode use) both go through the registered ops. Gradients match either way."""
+    calls = {"fwd_op": 0, "bwd_op": 0, "dlse": []}
+    fwd_op, bwd_op, bwd_impl = F.flash_attn_fwd_op, F.flash_attn_bwd_op, F._backward_impl
+
+    def spy_fwd(*a):
+        calls["fwd_op"] += 1
+        return fwd_op(*a)
+
+    def spy_bwd(*a):
+        calls["bwd_op"] += 1
+        return bwd_op(*a)
+
+    def spy_impl(do, q, k, v, out, lse, dlse, *rest):
+        calls["dlse"].append(dlse)
+        return bwd_impl(do, q, k, v, out, lse, dlse, *rest)
+
+    monkeypatch.setattr(F, "flash_attn_bwd_op", spy_bwd)
+    monkeypatch.setattr(F, "_backward_impl", spy_impl)
+    q, k, v = rand(1, 2, 13, 16, requires_grad=True), rand(1, 1, 13, 16), rand(1, 1, 13, 16)
+    do = rand(1, 2, 13, 16)
+    fa.flash_attn_forward(q, k, v, causal=True).backward(do)
+    assert calls["bwd_op"] == 0 and calls["dlse"] == [None]
+    g_eager = q.grad.clone()
+    q.grad = None
+    with torch.utils.flop_counter.FlopCounterMode(display=False):
+        fa.flash_attn_forward(q, k, v, causal=True).backward(do)
+    assert calls["bwd_op"] == 1
+    _close(q.grad.double(), g_eager.double(), 1e-6, "dq via the op")
+
+    monkeypatch.setattr(F, "flash_attn_fwd_op", spy_fwd)
+    with torch.no_grad():
+        out = fa.flash_attn_forward(q, k, v, causal=True)
+    assert calls["fwd_op"] == 0
+    with torch.utils.flop_counter.FlopCounterMode(display=False), torch.no_grad():
+        out2 = fa.flash_attn_forward(q, k, v, causal=True)
+    assert calls["fwd_op"] == 1
+    assert torch.equal(out, out2)
+
+
 def test_custom_op_passes_opcheck():
     q, k, v = rand(1, 2, 9, 16), rand(1, 1, 11, 16), rand(1, 1, 11, 16)
     torch.library.opcheck(

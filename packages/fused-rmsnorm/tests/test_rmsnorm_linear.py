@@ -155,8 +155,8 @@ def test_plan_sm90():
         assert p["path"] == "decode_mma" and p["wn"] == 0 and p["ksplit"] == 0, (M, p)
     p = plan("sm90", 17, 4096, 4096, has_gemm=True)
     assert p["path"] == "gemm" and p["config"] == 2
-    p = plan("sm90", 128, 8192, 8192, has_gemm=True)
-    assert p["path"] == "gemm" and p["config"] == 2
+    p = plan("sm90", 128, 8192, 8192, has_gemm=True)  # W-bound: 64x128 cluster-2 (W tiles multicast)
+    assert p["path"] == "gemm" and p["config"] == 3 and p.get("raster") == 2
     p = plan("sm90", 1024, 2048, 2048, has_gemm=True)
     assert p["path"] == "gemm" and p["config"] == 1
     p = plan("sm90", 4096, 4096, 4096, has_gemm=True)

@@ -28,7 +28,7 @@ try:  # host-side TMA descriptors (Triton >= 3.4); without them decode/backward 
 except ImportError:  # pragma: no cover
     _TensorDescriptor = None
 
-from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend
+from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend, use_registered_op
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -2059,13 +2059,18 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.causal, ctx.sm_scale = causal, sm_scale
+    # An unused LSE output gets None instead of a zero-filled tensor (and a fill kernel) per step.
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = flash_attn_bwd_op(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.sm_scale)
+    # Eager: the implementation directly; the custom op's dispatch costs host time on the order of
+    # a small backward's GPU time (the benchmark's N=1k step was host-bound through it).
+    bwd = flash_attn_bwd_op if use_registered_op(dout, q, k, v, out, lse, dlse) else _backward_impl
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, dlse, ctx.causal, ctx.sm_scale)
     return dq, dk, dv, None, None
 
 
@@ -2088,5 +2093,11 @@ def flash_attn_forward(
     shape/dtype as q), plus the natural-log LSE ``(B, H, Nq)`` fp32 when ``return_lse``.
     """
     _, scale = check_inputs(q, k, v, sm_scale)
-    out, lse = flash_attn_fwd_op(q, k, v, bool(causal), scale)
+    # No gradient needed (inference) and eager: skip the custom op's dispatch, which costs as much
+    # host time as a decode-sized kernel; autograd and torch.compile go through the op.
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if needs_grad or use_registered_op(q, k, v):
+        out, lse = flash_attn_fwd_op(q, k, v, bool(causal), scale)
+    else:
+        out, lse = _forward_impl(q, k, v, bool(causal), scale)
     return (out, lse) if return_lse else out
