@@ -80,11 +80,27 @@ GROUPS = [
 ]
 
 
+# --set lpt: causal groups only, the program order knob (LPT (batch, head) pairs per block-major group)
+LPT_SET = [
+    ("lpt2", dict(LPT=2)),
+    ("lpt4", dict(LPT=4)),
+    ("lpt8", dict(LPT=8)),
+    ("lpt16", dict(LPT=16)),
+    ("fused1-lpt4", dict(FUSED=1, LPT=4)),
+    ("fused1-lpt16", dict(FUSED=1, LPT=16)),
+]
+VARIANT_SET = "tiles"
+
+
 def variants_for(shipped: dict, causal: bool, n: int, gpu: bool) -> dict:
     base = dict(shipped)
     if not gpu:
         base = dict(BLOCK_M1=16, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=16, num_warps=4, num_stages=1, TMA=int(causal))
-        table = DRY_VARIANTS
+        table = DRY_VARIANTS if VARIANT_SET != "lpt" else LPT_SET[:2]
+    elif VARIANT_SET == "lpt":
+        out = {"shipped": base}
+        out.update((name, dict(base, **over)) for name, over in LPT_SET)
+        return out
     else:
         table = SMALL_CAUSAL if (causal and n <= 2048) else BIG
     out = {"shipped": base}
@@ -138,6 +154,7 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny shapes (logic check)")
     ap.add_argument("--workers", type=int, default=min(10, max(1, (os.cpu_count() or 4) - 4)))
     ap.add_argument("--compile-share", type=float, default=0.45, help="budget share of the parallel compile phase")
+    ap.add_argument("--set", default="tiles", choices=("tiles", "lpt"), help="variant set (lpt: causal order)")
     args = ap.parse_args()
     out_dir = Path(args.outdir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -156,7 +173,11 @@ def main() -> None:
 
     D, tot, hd = _shape(gpu)
     nchk = 2048 if gpu else 40
+    global VARIANT_SET
+    VARIANT_SET = args.set
     groups = GROUPS if gpu else [(False, 64, 0.5), (True, 32, 1.0)]
+    if args.set == "lpt":  # the order only matters where causal blocks differ in work
+        groups = [g for g in groups if g[0]]
     # ---- parallel compile phase: every (causal, config) of every group, in priority order ----
     tasks = []
     for causal, N, _ in groups:

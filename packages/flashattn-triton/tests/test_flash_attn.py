@@ -226,14 +226,17 @@ def test_backward_dkdv_load_paths(monkeypatch, mode):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("mode", ["fused", "fused-dq-first", "fused-tma-one-loop", "split-knobs"])
+@pytest.mark.parametrize(
+    "mode", ["fused", "fused-dq-first", "fused-tma-one-loop", "split-knobs", "split-lpt", "fused-lpt"]
+)
 def test_backward_fused_and_split_knobs(mode, causal):
     """FUSED=1/2: dK/dV and dQ programs in one launch (either order, pointer or TMA Q/dO loads), and the
     split launch with its own dQ warps/stages and register caps (launch options the interpreter ignores);
-    GQA, Nq != Nk, ragged blocks, dQ tiles decoupled from the dK/dV tiles, dLSE."""
+    GQA, Nq != Nk, ragged blocks, dQ tiles decoupled from the dK/dV tiles, dLSE. LPT=3 (causal program
+    order) over B*H = 8 / B*Hkv = 4 pairs: full and partial groups; a lost block would stay NaN."""
     if select_backend(torch.device("cpu")) != Backend.INTERPRETER:
         pytest.skip("launcher test needs TRITON_INTERPRET=1")
-    B, H, Hkv, Nq, Nk, D = 1, 4, 2, 37, 45, 24
+    B, H, Hkv, Nq, Nk, D = (2 if "lpt" in mode else 1), 4, 2, 37, 45, 24
     torch.manual_seed(23)
     q, k, v, do = rand(B, H, Nq, D), rand(B, Hkv, Nk, D), rand(B, Hkv, Nk, D), rand(B, H, Nq, D)
     dlse = torch.randn(B, H, Nq)
@@ -244,6 +247,8 @@ def test_backward_fused_and_split_knobs(mode, causal):
         cfg.update(FUSED=2 if "dq-first" in mode else 1, TMA=int("tma" in mode), ONE_LOOP=int("one-loop" in mode))
     else:
         cfg.update(BLOCK_M2=16, num_warps2=8, num_stages2=2, maxnreg=128, maxnreg2=168)
+    if "lpt" in mode:
+        cfg["LPT"] = 3
     assert "tma" not in mode or F._tma_ok(q, do)
     F._backward_launch(do, q, k, v, out, lse, dlse, dq, dk, dv, causal, D**-0.5, cfg)
     want = _grads(q, k, v, causal, do, dlse, impl=ref_attention)  # float64 autograd
@@ -465,7 +470,7 @@ def test_gpu_decode_split_kv(L, nq):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "mode", ["split", "atomic", "tma", "tma-atomic", "tma-one-loop", "off64", "fused", "tma-fused"]
+    "mode", ["split", "atomic", "tma", "tma-atomic", "tma-one-loop", "off64", "fused", "tma-fused", "lpt", "fused-lpt"]
 )
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_backward_dq_modes(monkeypatch, causal, mode):
@@ -478,6 +483,7 @@ def test_gpu_backward_dq_modes(monkeypatch, causal, mode):
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
     cfg = dict(F.get_config("bwd", q.device, D, causal, N, q.dtype), DQ_ATOMIC="atomic" in mode)
     cfg.update(TMA=int("tma" in mode), ONE_LOOP=int("one-loop" in mode), FUSED=int("fused" in mode))
+    cfg["LPT"] = 3 if "lpt" in mode else 0  # 3 does not divide the head count: a partial last group
     F._backward_launch(do, q, k, v, out, lse, None, dq, dk, dv, causal, D**-0.5, cfg)
     ref32 = lambda *a: ref_attention(*a, dtype=torch.float32)
     want = _grads(q.float(), k.float(), v.float(), causal, do.float(), impl=ref32)

@@ -605,6 +605,22 @@ def _bwd_dkdv_block(
 
 
 @triton.jit
+def _lpt_pid(pid, NUM_BLK, NUM_BH, LPT: tl.constexpr):
+    """Program order for the causal backward (LPT > 0): block-major within groups of LPT (batch, head)
+    pairs, returned in the programs' head-major numbering (bh * NUM_BLK + blk). The heaviest causal
+    block of every head in a group runs before any head's lighter ones (longest-processing-time
+    first, so the last wave holds the lightest blocks), while a group's K/V (or Q/dO) stay L2-sized.
+    LPT = 0: the identity (head-major: one head's blocks heavy to light, then the next head's)."""
+    if LPT > 0:
+        grp = pid // (LPT * NUM_BLK)
+        base = grp * LPT
+        gs = tl.minimum(NUM_BH - base, LPT)  # the last group may hold fewer pairs
+        r = pid - base * NUM_BLK
+        pid = (base + r % gs) * NUM_BLK + r // gs
+    return pid
+
+
+@triton.jit
 def _bwd_dkdv_program(
     pid,
     Q,
@@ -879,9 +895,10 @@ def _bwd_dkdv_kernel(
     OFF32: tl.constexpr = False,
     TMA: tl.constexpr = False,
     ONE_LOOP: tl.constexpr = False,
+    LPT: tl.constexpr = 0,
 ):
     _bwd_dkdv_program(
-        tl.program_id(0),
+        _lpt_pid(tl.program_id(0), NUM_N, tl.num_programs(0) // NUM_N, LPT),
         Q,
         K,
         V,
@@ -1161,9 +1178,10 @@ def _bwd_dq_kernel(
     CAUSAL: tl.constexpr,
     VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    LPT: tl.constexpr = 0,
 ):
     _bwd_dq_program(
-        tl.program_id(0),
+        _lpt_pid(tl.program_id(0), NUM_M, tl.num_programs(0) // NUM_M, LPT),
         Q,
         K,
         V,
@@ -1268,21 +1286,25 @@ def _bwd_fused_kernel(
     TMA: tl.constexpr = False,
     ONE_LOOP: tl.constexpr = False,
     DQ_FIRST: tl.constexpr = False,
+    LPT: tl.constexpr = 0,
 ):
     """The split-dQ backward's two kernels in one launch (FUSED=1): both only read the preprocess's delta,
     so they can share one grid -- no kernel boundary, and the tail of one fills with programs of the other.
     The first N_FIRST program ids are dK/dV programs (DQ_FIRST: dQ programs), the rest the other kind.
     QD/DOD: the dK/dV loop's Q/dO (TMA descriptors when TMA, else the Q/DO pointers)."""
     pid = tl.program_id(0)
+    n_rest = tl.num_programs(0) - N_FIRST
     if DQ_FIRST:
         is_dq = pid < N_FIRST
         sub = tl.where(is_dq, pid, pid - N_FIRST)
+        n_dq, n_dkdv = N_FIRST, n_rest
     else:
         is_dq = pid >= N_FIRST
         sub = tl.where(is_dq, pid - N_FIRST, pid)
+        n_dq, n_dkdv = n_rest, N_FIRST
     if is_dq:
         _bwd_dq_program(
-            sub,
+            _lpt_pid(sub, NUM_M, n_dq // NUM_M, LPT),
             Q,
             K,
             V,
@@ -1326,7 +1348,7 @@ def _bwd_fused_kernel(
         )
     else:
         _bwd_dkdv_program(
-            sub,
+            _lpt_pid(sub, NUM_N, n_dkdv // NUM_N, LPT),
             QD,
             K,
             V,
@@ -1852,6 +1874,8 @@ def _backward_launch(
     if cfg.get("maxnreg"):
         opts1["maxnreg"] = int(cfg["maxnreg"])
     fused = int(cfg.get("FUSED", 0)) if not dq_atomic else 0
+    # LPT (causal): programs ordered block-major within groups of LPT (batch, head) pairs, see _lpt_pid
+    lpt = int(cfg.get("LPT", 0)) if causal else 0
     if fused:
         # FUSED=1 (dK/dV programs first) or 2 (dQ programs first): one launch for both kernels
         n_dkdv, n_dq = num_n * B * Hkv, num_m * B * H
@@ -1900,6 +1924,7 @@ def _backward_launch(
             TMA=tma,
             ONE_LOOP=one_loop,
             DQ_FIRST=fused == 2,
+            LPT=lpt,
             **opts1,
         )
         return
@@ -1941,6 +1966,7 @@ def _backward_launch(
         OFF32=off32,
         TMA=tma,
         ONE_LOOP=one_loop,
+        LPT=lpt,
         **opts1,
     )
     if dq_atomic:
@@ -1995,6 +2021,7 @@ def _backward_launch(
         CAUSAL=bool(causal),
         VARLEN=varlen,
         DOT_PREC=prec,
+        LPT=lpt,
         **opts2,
     )
 
