@@ -23,7 +23,7 @@ import triton  # noqa: E402
 from flashattn_triton.ops import flash_attn as F  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
-PTRS = {"Q", "K", "V", "DO", "QD", "DOD", "LSE", "DELTA", "DK", "DV", "DQA", "DQ"}
+PTRS = {"Q", "K", "V", "DO", "QD", "DOD", "LSE", "DELTA", "DK", "DV", "DQ"}
 FLOATS = {"sm_scale", "qk2"}
 
 
@@ -44,7 +44,22 @@ def ptxas_stats(k) -> tuple[int, int]:
     return regs, spill
 
 
+DKDV, DQK = "dkdv", "dq"  # the split launch's two parts: PART 1 / PART 2 of F._bwd_kernel
+
+
+def resolve(kernel, consts: dict):
+    """DKDV / DQK with BLOCK_M, BLOCK_N -> (F._bwd_kernel, that part's tile; the other part compiled out)."""
+    if kernel not in (DKDV, DQK):
+        return kernel, consts
+    c = dict(consts)
+    bm, bn = c.pop("BLOCK_M"), c.pop("BLOCK_N")
+    one, other = ("1", "2") if kernel == DKDV else ("2", "1")
+    c.update({f"BLOCK_M{one}": bm, f"BLOCK_N{one}": bn, f"BLOCK_M{other}": 16, f"BLOCK_N{other}": 16, "PART": int(one)})
+    return F._bwd_kernel, c
+
+
 def compile_one(kernel, consts: dict, num_warps: int, num_stages: int, maxnreg: int | None = None):
+    kernel, consts = resolve(kernel, consts)
     fn = kernel.fn if hasattr(kernel, "fn") else kernel
     sig, cexp = {}, {}
     for name, p in inspect.signature(fn).parameters.items():
@@ -59,7 +74,8 @@ def compile_one(kernel, consts: dict, num_warps: int, num_stages: int, maxnreg: 
             bm = consts.get("BLOCK_M1", consts.get("BLOCK_M"))
             sig[name] = f"tensordesc<bf16[1, 1, {bm}, {consts['BLOCK_D']}]>"
         elif name in PTRS:
-            sig[name] = "*fp32" if name in ("LSE", "DELTA", "DQA") else "*bf16"
+            fp32 = name in ("LSE", "DELTA") or (name == "DQ" and consts.get("DQ_ATOMIC"))  # DQ: the atomic accumulator
+            sig[name] = "*fp32" if fp32 else "*bf16"
         elif name in FLOATS:
             sig[name] = "fp32"
         else:
@@ -110,16 +126,16 @@ def knobs() -> None:
         jobs = [
             (
                 "dkdv 64x128 w8s3 tma",
-                F._bwd_dkdv_kernel,
+                DKDV,
                 dict(BLOCK_M=64, BLOCK_N=128, DQ_ATOMIC=False, TMA=True, **one),
                 8,
                 3,
                 None,
             ),
-            ("dkdv 64x128 w8s3", F._bwd_dkdv_kernel, dict(BLOCK_M=64, BLOCK_N=128, DQ_ATOMIC=False), 8, 3, None),
+            ("dkdv 64x128 w8s3", DKDV, dict(BLOCK_M=64, BLOCK_N=128, DQ_ATOMIC=False), 8, 3, None),
             (
                 "dkdv 64x128 w8s3 tma maxnreg240",
-                F._bwd_dkdv_kernel,
+                DKDV,
                 dict(BLOCK_M=64, BLOCK_N=128, DQ_ATOMIC=False, TMA=True, **one),
                 8,
                 3,
@@ -127,26 +143,26 @@ def knobs() -> None:
             ),
             (
                 "dkdv 32x64 w4s4 tma",
-                F._bwd_dkdv_kernel,
+                DKDV,
                 dict(BLOCK_M=32, BLOCK_N=64, DQ_ATOMIC=False, TMA=True, **one),
                 4,
                 4,
                 None,
             ),
-            ("dq 128x64 w8s3", F._bwd_dq_kernel, dict(BLOCK_M=128, BLOCK_N=64), 8, 3, None),
-            ("dq 128x64 w8s2", F._bwd_dq_kernel, dict(BLOCK_M=128, BLOCK_N=64), 8, 2, None),
-            ("dq 128x128 w8s2", F._bwd_dq_kernel, dict(BLOCK_M=128, BLOCK_N=128), 8, 2, None),
-            ("dq 64x64 w4s3", F._bwd_dq_kernel, dict(BLOCK_M=64, BLOCK_N=64), 4, 3, None),
-            ("dq 64x128 w4s3", F._bwd_dq_kernel, dict(BLOCK_M=64, BLOCK_N=128), 4, 3, None),
-            ("dq 128x64 w8s3 maxnreg240", F._bwd_dq_kernel, dict(BLOCK_M=128, BLOCK_N=64), 8, 3, 240),
+            ("dq 128x64 w8s3", DQK, dict(BLOCK_M=128, BLOCK_N=64), 8, 3, None),
+            ("dq 128x64 w8s2", DQK, dict(BLOCK_M=128, BLOCK_N=64), 8, 2, None),
+            ("dq 128x128 w8s2", DQK, dict(BLOCK_M=128, BLOCK_N=128), 8, 2, None),
+            ("dq 64x64 w4s3", DQK, dict(BLOCK_M=64, BLOCK_N=64), 4, 3, None),
+            ("dq 64x128 w4s3", DQK, dict(BLOCK_M=64, BLOCK_N=128), 4, 3, None),
+            ("dq 128x64 w8s3 maxnreg240", DQK, dict(BLOCK_M=128, BLOCK_N=64), 8, 3, 240),
         ]
         fz = dict(BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=64)
         jobs += [
-            ("fused 64x128/128x64 w8s3 tma", F._bwd_fused_kernel, dict(fz, TMA=True, **one), 8, 3, None),
-            ("fused 64x128/128x64 w8s3", F._bwd_fused_kernel, dict(fz), 8, 3, None),
+            ("fused 64x128/128x64 w8s3 tma", F._bwd_kernel, dict(fz, TMA=True, **one), 8, 3, None),
+            ("fused 64x128/128x64 w8s3", F._bwd_kernel, dict(fz), 8, 3, None),
             (
                 "fused 32x64/64x32 w4s4 tma",
-                F._bwd_fused_kernel,
+                F._bwd_kernel,
                 dict(BLOCK_M1=32, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=32, TMA=True, **one),
                 4,
                 4,
@@ -167,11 +183,8 @@ def main() -> None:
             for bm, bn, w, s in cfgs:
                 base = dict(HEAD_DIM=d, BLOCK_D=d, CAUSAL=causal, VARLEN=False, DOT_PREC="tf32")
                 row = []
-                jobs = [
-                    (n, F._bwd_dkdv_kernel, dict(BLOCK_M=bm, BLOCK_N=bn, DQ_ATOMIC=False, **v))
-                    for n, v in VARIANTS.items()
-                ]
-                jobs.append(("dq", F._bwd_dq_kernel, dict(BLOCK_M=bn, BLOCK_N=bm)))
+                jobs = [(n, DKDV, dict(BLOCK_M=bm, BLOCK_N=bn, DQ_ATOMIC=False, **v)) for n, v in VARIANTS.items()]
+                jobs.append(("dq", DQK, dict(BLOCK_M=bn, BLOCK_N=bm)))
                 for name, kern, c in jobs:
                     if name == "tma1" and not causal:
                         continue

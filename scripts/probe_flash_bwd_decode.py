@@ -109,18 +109,13 @@ def bwd_run(cfg, q, k, v, out, lse, do, causal, scale):
     return dq, dk, dv
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("outdir")
-    ap.add_argument("--budget", type=float, default=100.0, help="wall seconds, compiles included")
-    ap.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny shapes (logic check)")
-    args = ap.parse_args()
+def setup(args):
+    """Output dir, GPU or dry run, device, dtype, budget and the result skeleton of a backward probe."""
     out_dir = Path(args.outdir)
     out_dir.mkdir(parents=True, exist_ok=True)
     gpu = torch.cuda.is_available() and not args.dry_run
     dev = torch.device("cuda" if gpu else "cpu")
     dt = torch.bfloat16 if gpu else torch.float16
-    budget = Budget(args.budget)
     res = {"env": {}, "correctness": {}, "bwd": [], "skipped": []}
     if gpu:
         p = torch.cuda.get_device_properties(0)
@@ -128,6 +123,16 @@ def main() -> None:
     import triton
 
     res["env"]["triton"] = triton.__version__
+    return out_dir, gpu, dev, dt, Budget(args.budget), res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("outdir")
+    ap.add_argument("--budget", type=float, default=100.0, help="wall seconds, compiles included")
+    ap.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny shapes (logic check)")
+    args = ap.parse_args()
+    out_dir, gpu, dev, dt, budget, res = setup(args)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     # (D, causal, N), bar-critical first; B*N = 16k tokens, H*D = 2048

@@ -31,18 +31,11 @@ if "--dry-run" in sys.argv:
 import torch  # noqa: E402
 from flashattn_triton.ops import flash_attn as F  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "scripts"))
+from probe_flash_bwd_decode import time_ms  # noqa: E402
+
 CASES = [(16, 16, 1024, 128, True), (1, 16, 16384, 128, False), (4, 16, 4096, 128, True)]
 DRY_CASES = [(1, 2, 40, 32, True)]
-
-
-def time_ms(fn, gpu, rep=60):
-    if not gpu:
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    import triton.testing as tt
-
-    return float(tt.do_bench(fn, warmup=5, rep=rep, return_mode="median"))
 
 
 def run_case(B, H, N, D, causal, gpu, dev, dt) -> dict:
@@ -68,7 +61,7 @@ def run_case(B, H, N, D, causal, gpu, dev, dt) -> dict:
         fns = {"launch": launch, **fns}
     for name, fn in fns.items():
         try:
-            row["ms"][name] = time_ms(fn, gpu)
+            row["ms"][name] = time_ms(fn, gpu, 60)
         except Exception as e:  # noqa: BLE001
             row["ms"][name] = None
             row.setdefault("errors", {})[name] = repr(e)[:200]

@@ -37,7 +37,7 @@ if DRY:
 import torch  # noqa: E402
 import torch.nn.functional as Fn  # noqa: E402
 from flashattn_triton.ops import flash_attn as F  # noqa: E402
-from probe_flash_bwd_decode import BUCKETS, Budget, bwd_run, ref_grads, rel, time_ms  # noqa: E402
+from probe_flash_bwd_decode import BUCKETS, bwd_run, ref_grads, rel, setup, time_ms  # noqa: E402
 
 # (name, config overrides on top of the shipped config); order = priority (the budget may cut the tail)
 BIG = [  # N >= 4k and N1k full: shipped dK/dV 64x128, dQ 128x64, 8 warps, 3 stages (+TMA when full)
@@ -156,19 +156,7 @@ def main() -> None:
     ap.add_argument("--compile-share", type=float, default=0.45, help="budget share of the parallel compile phase")
     ap.add_argument("--set", default="tiles", choices=("tiles", "lpt"), help="variant set (lpt: causal order)")
     args = ap.parse_args()
-    out_dir = Path(args.outdir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    gpu = torch.cuda.is_available() and not args.dry_run
-    dev = torch.device("cuda" if gpu else "cpu")
-    dt = torch.bfloat16 if gpu else torch.float16
-    budget = Budget(args.budget)
-    res = {"env": {}, "correctness": {}, "bwd": [], "skipped": []}
-    if gpu:
-        p = torch.cuda.get_device_properties(0)
-        res["env"] = dict(gpu=p.name, sms=p.multi_processor_count, torch=torch.__version__)
-    import triton
-
-    res["env"]["triton"] = triton.__version__
+    out_dir, gpu, dev, dt, budget, res = setup(args)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     D, tot, hd = _shape(gpu)

@@ -842,119 +842,6 @@ def _bwd_dkdv_program(
 
 
 @triton.jit
-def _bwd_dkdv_kernel(
-    Q,
-    K,
-    V,
-    DO,
-    LSE,
-    DELTA,
-    DK,
-    DV,
-    DQA,
-    cu_q,
-    cu_k,
-    sqb,
-    sqh,
-    sqm,
-    skb,
-    skh,
-    skn,
-    svb,
-    svh,
-    svn,
-    sdob,
-    sdoh,
-    sdom,
-    sdkb,
-    sdkh,
-    sdkn,
-    sdvb,
-    sdvh,
-    sdvn,
-    sqab,
-    sqah,
-    sqam,
-    slb,
-    slh,
-    Hkv,
-    GROUP,
-    Nq,
-    Nk,
-    NUM_N,
-    sm_scale,
-    qk2,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    VARLEN: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-    DQ_ATOMIC: tl.constexpr,
-    OFF32: tl.constexpr = False,
-    TMA: tl.constexpr = False,
-    ONE_LOOP: tl.constexpr = False,
-    LPT: tl.constexpr = 0,
-):
-    _bwd_dkdv_program(
-        _lpt_pid(tl.program_id(0), NUM_N, tl.num_programs(0) // NUM_N, LPT),
-        Q,
-        K,
-        V,
-        DO,
-        LSE,
-        DELTA,
-        DK,
-        DV,
-        DQA,
-        cu_q,
-        cu_k,
-        sqb,
-        sqh,
-        sqm,
-        skb,
-        skh,
-        skn,
-        svb,
-        svh,
-        svn,
-        sdob,
-        sdoh,
-        sdom,
-        sdkb,
-        sdkh,
-        sdkn,
-        sdvb,
-        sdvh,
-        sdvn,
-        sqab,
-        sqah,
-        sqam,
-        slb,
-        slh,
-        Hkv,
-        GROUP,
-        Nq,
-        Nk,
-        NUM_N,
-        sm_scale,
-        qk2,
-        HEAD_DIM,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_D,
-        CAUSAL,
-        VARLEN,
-        DOT_PREC,
-        DQ_ATOMIC,
-        OFF32,
-        TMA,
-        ONE_LOOP,
-    )
-
-
-@triton.jit
 def _bwd_dq_block(
     dq,
     q,
@@ -1137,96 +1024,7 @@ def _bwd_dq_program(
 
 
 @triton.jit
-def _bwd_dq_kernel(
-    Q,
-    K,
-    V,
-    DO,
-    LSE,
-    DELTA,
-    DQ,
-    cu_q,
-    cu_k,
-    sqb,
-    sqh,
-    sqm,
-    skb,
-    skh,
-    skn,
-    svb,
-    svh,
-    svn,
-    sdob,
-    sdoh,
-    sdom,
-    sdqb,
-    sdqh,
-    sdqm,
-    slb,
-    slh,
-    H,
-    GROUP,
-    Nq,
-    Nk,
-    NUM_M,
-    sm_scale,
-    qk2,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    VARLEN: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-    LPT: tl.constexpr = 0,
-):
-    _bwd_dq_program(
-        _lpt_pid(tl.program_id(0), NUM_M, tl.num_programs(0) // NUM_M, LPT),
-        Q,
-        K,
-        V,
-        DO,
-        LSE,
-        DELTA,
-        DQ,
-        cu_q,
-        cu_k,
-        sqb,
-        sqh,
-        sqm,
-        skb,
-        skh,
-        skn,
-        svb,
-        svh,
-        svn,
-        sdob,
-        sdoh,
-        sdom,
-        sdqb,
-        sdqh,
-        sdqm,
-        slb,
-        slh,
-        H,
-        GROUP,
-        Nq,
-        Nk,
-        NUM_M,
-        sm_scale,
-        qk2,
-        HEAD_DIM,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_D,
-        CAUSAL,
-        VARLEN,
-        DOT_PREC,
-    )
-
-
-@triton.jit
-def _bwd_fused_kernel(
+def _bwd_kernel(
     Q,
     K,
     V,
@@ -1287,21 +1085,34 @@ def _bwd_fused_kernel(
     ONE_LOOP: tl.constexpr = False,
     DQ_FIRST: tl.constexpr = False,
     LPT: tl.constexpr = 0,
+    PART: tl.constexpr = 0,
+    DQ_ATOMIC: tl.constexpr = False,
 ):
-    """The split-dQ backward's two kernels in one launch (FUSED=1): both only read the preprocess's delta,
-    so they can share one grid -- no kernel boundary, and the tail of one fills with programs of the other.
-    The first N_FIRST program ids are dK/dV programs (DQ_FIRST: dQ programs), the rest the other kind.
-    QD/DOD: the dK/dV loop's Q/dO (TMA descriptors when TMA, else the Q/DO pointers)."""
+    """The backward's dK/dV programs (BLOCK_M1 x BLOCK_N1 tiles) and dQ programs (BLOCK_M2 x BLOCK_N2).
+    PART 1: a grid of dK/dV programs only, PART 2: dQ programs only -- the split backward is two
+    launches of this kernel, and the other part is compiled out. PART 0 (FUSED): both in one launch;
+    they only read the preprocess's delta, so they can share one grid -- no kernel boundary, and the
+    tail of one fills with programs of the other. The first N_FIRST program ids are dK/dV programs
+    (DQ_FIRST: dQ programs), the rest the other kind. QD/DOD: the dK/dV loop's Q/dO (TMA descriptors
+    when TMA, else the Q/DO pointers). DQ: the dQ output, or with DQ_ATOMIC (PART 1) the fp32
+    accumulator the dK/dV programs add their dQ shares into."""
     pid = tl.program_id(0)
-    n_rest = tl.num_programs(0) - N_FIRST
-    if DQ_FIRST:
-        is_dq = pid < N_FIRST
-        sub = tl.where(is_dq, pid, pid - N_FIRST)
-        n_dq, n_dkdv = N_FIRST, n_rest
+    if PART == 1:
+        is_dq = False
+        sub, n_dq, n_dkdv = pid, 0, tl.num_programs(0)
+    elif PART == 2:
+        is_dq = True
+        sub, n_dq, n_dkdv = pid, tl.num_programs(0), 0
     else:
-        is_dq = pid >= N_FIRST
-        sub = tl.where(is_dq, pid - N_FIRST, pid)
-        n_dq, n_dkdv = n_rest, N_FIRST
+        n_rest = tl.num_programs(0) - N_FIRST
+        if DQ_FIRST:
+            is_dq = pid < N_FIRST
+            sub = tl.where(is_dq, pid, pid - N_FIRST)
+            n_dq, n_dkdv = N_FIRST, n_rest
+        else:
+            is_dq = pid >= N_FIRST
+            sub = tl.where(is_dq, pid - N_FIRST, pid)
+            n_dq, n_dkdv = n_rest, N_FIRST
     if is_dq:
         _bwd_dq_program(
             _lpt_pid(sub, NUM_M, n_dq // NUM_M, LPT),
@@ -1357,7 +1168,7 @@ def _bwd_fused_kernel(
             DELTA,
             DK,
             DV,
-            DQ,  # DQA: unused without DQ_ATOMIC
+            DQ,  # DQA: the fp32 dQ accumulator with DQ_ATOMIC, else unused
             cu_q,
             cu_k,
             sqb,
@@ -1397,7 +1208,7 @@ def _bwd_fused_kernel(
             CAUSAL,
             VARLEN,
             DOT_PREC,
-            False,
+            DQ_ATOMIC,
             OFF32,
             TMA,
             ONE_LOOP,
@@ -1876,10 +1687,11 @@ def _backward_launch(
     fused = int(cfg.get("FUSED", 0)) if not dq_atomic else 0
     # LPT (causal): programs ordered block-major within groups of LPT (batch, head) pairs, see _lpt_pid
     lpt = int(cfg.get("LPT", 0)) if causal else 0
-    if fused:
-        # FUSED=1 (dK/dV programs first) or 2 (dQ programs first): one launch for both kernels
-        n_dkdv, n_dq = num_n * B * Hkv, num_m * B * H
-        _bwd_fused_kernel[(n_dkdv + n_dq,)](
+    n_dkdv, n_dq = num_n * B * Hkv, num_m * B * H
+
+    def run(part, grid, dqt, n_first=0, opts=opts1):
+        # one launch of _bwd_kernel: PART 1 dK/dV programs, 2 dQ programs, 0 both (FUSED)
+        _bwd_kernel[(grid,)](
             q,
             k,
             v,
@@ -1890,7 +1702,7 @@ def _backward_launch(
             delta,
             dk,
             dv,
-            dq,
+            dqt,
             cu_q,
             cu_k,
             *st(q),
@@ -1899,7 +1711,7 @@ def _backward_launch(
             *st(do),
             *st(dk),
             *st(dv),
-            *st(dq),
+            *st(dqt),
             *sl,
             H,
             Hkv,
@@ -1908,7 +1720,7 @@ def _backward_launch(
             Nk,
             num_n,
             num_m,
-            n_dq if fused == 2 else n_dkdv,
+            n_first,
             sm_scale,
             sm_scale * LOG2E,
             HEAD_DIM=D,
@@ -1925,50 +1737,15 @@ def _backward_launch(
             ONE_LOOP=one_loop,
             DQ_FIRST=fused == 2,
             LPT=lpt,
-            **opts1,
+            PART=part,
+            DQ_ATOMIC=dq_atomic,
+            **opts,
         )
+
+    if fused:  # FUSED=1 (dK/dV programs first) or 2 (dQ programs first): one launch for both
+        run(0, n_dkdv + n_dq, dq, n_first=n_dq if fused == 2 else n_dkdv)
         return
-    _bwd_dkdv_kernel[(num_n * B * Hkv,)](
-        qa,
-        k,
-        v,
-        doa,
-        lse,
-        delta,
-        dk,
-        dv,
-        dqa,
-        cu_q,
-        cu_k,
-        *st(q),
-        *st(k),
-        *st(v),
-        *st(do),
-        *st(dk),
-        *st(dv),
-        *st(dqa),
-        *sl,
-        Hkv,
-        group,
-        Nq,
-        Nk,
-        num_n,
-        sm_scale,
-        sm_scale * LOG2E,
-        HEAD_DIM=D,
-        BLOCK_M=cfg["BLOCK_M1"],
-        BLOCK_N=cfg["BLOCK_N1"],
-        BLOCK_D=bd,
-        CAUSAL=bool(causal),
-        VARLEN=varlen,
-        DOT_PREC=prec,
-        DQ_ATOMIC=dq_atomic,
-        OFF32=off32,
-        TMA=tma,
-        ONE_LOOP=one_loop,
-        LPT=lpt,
-        **opts1,
-    )
+    run(1, n_dkdv, dqa)
     if dq_atomic:
         _bwd_dq_convert_kernel[(num_pre * B * H,)](
             dqa,
@@ -1991,39 +1768,7 @@ def _backward_launch(
     )
     if cfg.get("maxnreg2"):
         opts2["maxnreg"] = int(cfg["maxnreg2"])
-    _bwd_dq_kernel[(num_m * B * H,)](
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-        dq,
-        cu_q,
-        cu_k,
-        *st(q),
-        *st(k),
-        *st(v),
-        *st(do),
-        *st(dq),
-        *sl,
-        H,
-        group,
-        Nq,
-        Nk,
-        num_m,
-        sm_scale,
-        sm_scale * LOG2E,
-        HEAD_DIM=D,
-        BLOCK_M=cfg["BLOCK_M2"],
-        BLOCK_N=cfg["BLOCK_N2"],
-        BLOCK_D=bd,
-        CAUSAL=bool(causal),
-        VARLEN=varlen,
-        DOT_PREC=prec,
-        LPT=lpt,
-        **opts2,
-    )
+    run(2, n_dq, dq, opts=opts2)
 
 
 def _backward_impl(do, q, k, v, out, lse, dlse, causal, sm_scale):
