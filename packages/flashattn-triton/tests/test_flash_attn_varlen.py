@@ -77,6 +77,12 @@ def test_varlen_torch_reference_path(monkeypatch):
     out = fa.flash_attn_varlen_forward(q, k, v, _cu(lens_q), _cu(lens_k), 9, 9, causal=True)
     want, _ = _ref_varlen(q, k, v, lens_q, lens_k, True)
     assert (out.double() - want).abs().max().item() < 2e-3
+    # backward on the same path, LSE unused: its gradient arrives as None (the reference backward
+    # has no dLSE term), and dq matches float64 autograd
+    qg, qd = q.clone().requires_grad_(), q.double().requires_grad_()
+    fa.flash_attn_varlen_forward(qg, k, v, _cu(lens_q), _cu(lens_k), 9, 9, causal=True).float().sum().backward()
+    _ref_varlen(qd, k.double(), v.double(), lens_q, lens_k, True)[0].sum().backward()
+    assert (qg.grad.double() - qd.grad).abs().max().item() < 5e-3
 
 
 @pytest.mark.parametrize(

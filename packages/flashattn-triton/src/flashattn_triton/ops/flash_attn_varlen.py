@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .._common import Backend, check_same_device, check_tensor, select_backend
+from .._common import Backend, check_same_device, check_tensor, select_backend, use_registered_op
 from .flash_attn import (
     SUPPORTED_DTYPES,
     _backward_launch,
@@ -101,6 +101,18 @@ def _torch_varlen_backward(do, q, k, v, out, lse, cu_q, cu_k, causal, sm_scale):
     return dq, dk, dv
 
 
+def _varlen_forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, sm_scale):
+    q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
+    if select_backend(q.device) == Backend.TORCH:
+        return _torch_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, sm_scale)
+    out = torch.empty_like(q)
+    lse = torch.empty((q.shape[1], q.shape[0]), device=q.device, dtype=torch.float32)
+    cu_q, cu_k = cu_seqlens_q.to(torch.int32), cu_seqlens_k.to(torch.int32)
+    launch = lambda c: _fwd_launch(q, k, v, out, lse, causal, sm_scale, c, cu_q, cu_k, max_seqlen_q, max_seqlen_k)
+    launch(get_config("fwd", q.device, q.shape[2], causal, max(max_seqlen_q, max_seqlen_k), q.dtype, launch))
+    return out, lse
+
+
 @torch.library.custom_op("flashattn_triton::flash_attn_varlen_fwd", mutates_args=())
 def flash_attn_varlen_fwd_op(
     q: torch.Tensor,
@@ -113,15 +125,7 @@ def flash_attn_varlen_fwd_op(
     causal: bool,
     sm_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
-    if select_backend(q.device) == Backend.TORCH:
-        return _torch_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, sm_scale)
-    out = torch.empty_like(q)
-    lse = torch.empty((q.shape[1], q.shape[0]), device=q.device, dtype=torch.float32)
-    cu_q, cu_k = cu_seqlens_q.to(torch.int32), cu_seqlens_k.to(torch.int32)
-    launch = lambda c: _fwd_launch(q, k, v, out, lse, causal, sm_scale, c, cu_q, cu_k, max_seqlen_q, max_seqlen_k)
-    launch(get_config("fwd", q.device, q.shape[2], causal, max(max_seqlen_q, max_seqlen_k), q.dtype, launch))
-    return out, lse
+    return _varlen_forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, sm_scale)
 
 
 @flash_attn_varlen_fwd_op.register_fake
@@ -129,22 +133,9 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, s
     return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
-@torch.library.custom_op("flashattn_triton::flash_attn_varlen_bwd", mutates_args=())
-def flash_attn_varlen_bwd_op(
-    do: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    dlse: torch.Tensor | None,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    causal: bool,
-    sm_scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _varlen_backward_impl(
+    do, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, sm_scale
+):
     do, q, k, v, out = (_unit_last(t) for t in (do, q, k, v, out))
     if select_backend(q.device) == Backend.TORCH:
         if dlse is not None:
@@ -163,6 +154,27 @@ def flash_attn_varlen_bwd_op(
     return dq, dk, dv
 
 
+@torch.library.custom_op("flashattn_triton::flash_attn_varlen_bwd", mutates_args=())
+def flash_attn_varlen_bwd_op(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    dlse: torch.Tensor | None,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    sm_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _varlen_backward_impl(
+        do, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, sm_scale
+    )
+
+
 @flash_attn_varlen_bwd_op.register_fake
 def _(do, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, sm_scale):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -173,13 +185,17 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
     ctx.args = (max_q, max_k, causal, sm_scale)
+    ctx.set_materialize_grads(False)  # an unused LSE: dlse None, not zeros (see flash_attn._setup_context)
 
 
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = flash_attn_varlen_bwd_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, *ctx.args)
+    # eager: the implementation directly (as flash_attn._backward); tracing and dispatch modes: the op
+    tensors = (dout, q, k, v, out, lse, dlse, cu_q, cu_k)
+    bwd = flash_attn_varlen_bwd_op if use_registered_op(*tensors) else _varlen_backward_impl
+    dq, dk, dv = bwd(*tensors, *ctx.args)
     return dq, dk, dv, None, None, None, None, None, None
 
 
@@ -205,7 +221,7 @@ def flash_attn_varlen_forward(
     ``return_lse``, the natural-log LSE ``(H, total_q)`` fp32.
     """
     _, scale = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale)
-    out, lse = flash_attn_varlen_fwd_op(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), bool(causal), scale
-    )
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    fwd = flash_attn_varlen_fwd_op if needs_grad or use_registered_op(q, k, v) else _varlen_forward_impl
+    out, lse = fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), bool(causal), scale)
     return (out, lse) if return_lse else out
