@@ -1594,12 +1594,14 @@ def _decode_launch(q, k, v, out, lse, causal, sm_scale, cfg, num_splits=None):
 def _forward_impl(q, k, v, causal, sm_scale, force_decode=None):
     q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
     backend = select_backend(q.device)
+    # the output keeps q's storage order (e.g. a (B, N, H, D) buffer viewed as (B, H, N, D)) on every
+    # backend, as the fake implementation promises
+    out = torch.empty_like(q) if q.stride(-1) == 1 else torch.empty(q.shape, device=q.device, dtype=q.dtype)
     if backend == Backend.TORCH:
-        out, lse = _torch_forward(q, k, v, causal, sm_scale)
-        return out.contiguous(), lse.contiguous()
+        o, lse = _torch_forward(q, k, v, causal, sm_scale)
+        return out.copy_(o), lse.contiguous()
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
-    out = torch.empty_like(q) if q.stride(-1) == 1 else torch.empty(q.shape, device=q.device, dtype=q.dtype)
     lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
     decode = use_decode_path(q, k) if force_decode is None else force_decode
     if decode:
