@@ -10,6 +10,8 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "cutlass/version.h"
 #include "cutlass/cutlass.h"
 #include "cute/tensor.hpp"
@@ -29,71 +31,48 @@ namespace {
 using namespace cute;
 
 // Tile configs. 0..2 are the shipped ones (tuning tables refer to them by number: never renumber);
-// 3..6 were added for shapes with too few tiles or with W reuse across M tiles.
-// TileSched: the persistent data-parallel scheduler (no workspace) unless noted.
-using PersistentSched = cutlass::gemm::PersistentScheduler;
+// 3..6 were added for shapes with too few tiles or with W reuse across M tiles. A config is a
+// BM x BN x 64 tile, a CM x 1 cluster along M (CM = 2: the two M tiles of one N column share each
+// W tile through TMA multicast), the cooperative (both consumer warpgroups on one tile) or
+// ping-pong (one tile per consumer warpgroup) schedule, and the tile scheduler.
+template <int BM, int BN, int CM, bool Coop, class Sched = cutlass::gemm::PersistentScheduler>
+struct Sm90Cfg {
+  using TileShape = Shape<Int<BM>, Int<BN>, _64>;
+  using ClusterShape = Shape<Int<CM>, _1, _1>;
+  using KernelSchedule = std::conditional_t<Coop, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                                            cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
+  using EpiSchedule = std::conditional_t<Coop, cutlass::epilogue::TmaWarpSpecializedCooperative,
+                                         cutlass::epilogue::TmaWarpSpecialized>;
+  using TileSched = Sched;
+};
 #if FRMS_SM90_CFG == 0
-// large M*N: 128x256 cooperative, 2-CTA cluster along M (W tiles multicast)
-using TileShape = Shape<_128, _256, _64>;
-using ClusterShape = Shape<_2, _1, _1>;
-using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-using EpiSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-using TileSched = PersistentSched;
-#define FRMS_ENTRY frms_gemm_sm90_cfg0
+using Cfg = Sm90Cfg<128, 256, 2, true>;  // large M*N
 #elif FRMS_SM90_CFG == 1
-// mid-size: 128x128 ping-pong
-using TileShape = Shape<_128, _128, _64>;
-using ClusterShape = Shape<_1, _1, _1>;
-using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
-using EpiSchedule = cutlass::epilogue::TmaWarpSpecialized;
-using TileSched = PersistentSched;
-#define FRMS_ENTRY frms_gemm_sm90_cfg1
+using Cfg = Sm90Cfg<128, 128, 1, false>;  // mid-size
 #elif FRMS_SM90_CFG == 2
-// small M: 64x128 ping-pong (less wasted MMA work on a 16..256-row problem)
-using TileShape = Shape<_64, _128, _64>;
-using ClusterShape = Shape<_1, _1, _1>;
-using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
-using EpiSchedule = cutlass::epilogue::TmaWarpSpecialized;
-using TileSched = PersistentSched;
-#define FRMS_ENTRY frms_gemm_sm90_cfg2
+using Cfg = Sm90Cfg<64, 128, 1, false>;  // small M: less wasted MMA work on a 16..256-row problem
 #elif FRMS_SM90_CFG == 3
-// small M, W-bound (e.g. M=128 D8192 N8192): 64x128 ping-pong in 2-CTA clusters along M, so the two
-// M halves of one N column share each W tile (TMA multicast: W crosses L2 -> SM once, not twice)
-using TileShape = Shape<_64, _128, _64>;
-using ClusterShape = Shape<_2, _1, _1>;
-using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
-using EpiSchedule = cutlass::epilogue::TmaWarpSpecialized;
-using TileSched = PersistentSched;
-#define FRMS_ENTRY frms_gemm_sm90_cfg3
+using Cfg = Sm90Cfg<64, 128, 2, false>;  // small M, W-bound (M=128 D8192 N8192): W crosses L2 -> SM once
 #elif FRMS_SM90_CFG == 4
-// mid-size: 128x128 cooperative, 2-CTA cluster along M (W multicast; both consumer warpgroups on one tile)
-using TileShape = Shape<_128, _128, _64>;
-using ClusterShape = Shape<_2, _1, _1>;
-using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-using EpiSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-using TileSched = PersistentSched;
-#define FRMS_ENTRY frms_gemm_sm90_cfg4
+using Cfg = Sm90Cfg<128, 128, 2, true>;  // mid-size
 #elif FRMS_SM90_CFG == 5
-// large M: 256x128 cooperative, 2-CTA cluster along M (each consumer warpgroup a 128x128 half)
-using TileShape = Shape<_256, _128, _64>;
-using ClusterShape = Shape<_2, _1, _1>;
-using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-using EpiSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-using TileSched = PersistentSched;
-#define FRMS_ENTRY frms_gemm_sm90_cfg5
+using Cfg = Sm90Cfg<256, 128, 2, true>;  // large M: each consumer warpgroup a 128x128 half
 #elif FRMS_SM90_CFG == 6
-// too few tiles for the SMs (M=128 N8192: 64 tiles; M=16 N14336: 112): 128x128 cooperative with the
-// stream-K scheduler (ping-pong does not support it), which splits the K loop of the leftover tiles
-// across CTAs. Needs a workspace (partials + turnstile flags, zeroed by CUTLASS on each launch).
-using TileShape = Shape<_128, _128, _64>;
-using ClusterShape = Shape<_1, _1, _1>;
-using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-using EpiSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-using TileSched = cutlass::gemm::StreamKScheduler;
-#define FRMS_ENTRY frms_gemm_sm90_cfg6
+// too few tiles for the SMs (M=128 N8192: 64 tiles; M=16 N14336: 112): stream-K splits the K loop of
+// the leftover tiles across CTAs (cooperative only: ping-pong does not support it). Needs a
+// workspace (partials + turnstile flags, zeroed by CUTLASS on each launch).
+using Cfg = Sm90Cfg<128, 128, 1, true, cutlass::gemm::StreamKScheduler>;
 #else
 #error "unknown FRMS_SM90_CFG"
 #endif
+using TileShape = Cfg::TileShape;
+using ClusterShape = Cfg::ClusterShape;
+using KernelSchedule = Cfg::KernelSchedule;
+using EpiSchedule = Cfg::EpiSchedule;
+using TileSched = Cfg::TileSched;
+#define FRMS_CAT2(a, b) a##b
+#define FRMS_CAT(a, b) FRMS_CAT2(a, b)
+#define FRMS_ENTRY FRMS_CAT(frms_gemm_sm90_cfg, FRMS_SM90_CFG)
 constexpr bool kStreamK = cute::is_same_v<TileSched, cutlass::gemm::StreamKScheduler>;
 static_assert(kStreamK == (FRMS_SM90_CFG == FRMS_SM90_STREAM_K_CONFIG), "frms.h names the stream-K config");
 
