@@ -95,6 +95,22 @@ def time_ms(fn, gpu, rep=30):
     return float(tt.do_bench(fn, warmup=5, rep=rep, return_mode="median"))
 
 
+def anchor_bwd_ms(ms: dict, skipped: list, q, k, v, do, causal, tag, rep=30) -> None:
+    """SDPA FLASH (FA2) and cuDNN backward times into ms["fa2"] / ms["cudnn"]: autograd.grad replayed
+    on a kept forward graph, do_bench median; a backend that refuses the shape is noted in skipped."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for an, be in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        try:
+            qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+            with sdpa_kernel(be):
+                o = Fn.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
+            ms[an] = time_ms(lambda o=o, i=(qq, kk, vv): torch.autograd.grad(o, i, do, retain_graph=True), True, rep)
+            del o, qq, kk, vv
+        except RuntimeError as e:
+            skipped.append(f"{an} {tag}: {str(e)[:80]}")
+
+
 def bwd_run(cfg, q, k, v, out, lse, do, causal, scale):
     """Our backward launcher alone; "_OFF64" forces the 64-bit offset path (the pre-change kernel)."""
     cfg = dict(cfg)
@@ -133,7 +149,6 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny shapes (logic check)")
     args = ap.parse_args()
     out_dir, gpu, dev, dt, budget, res = setup(args)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     # (D, causal, N), bar-critical first; B*N = 16k tokens, H*D = 2048
     if gpu:
@@ -174,17 +189,7 @@ def main() -> None:
         q, k, v, do = (torch.randn(B, H, N, D, device=dev, dtype=dt) for _ in range(4))
         out, lse = F._forward_impl(q, k, v, causal, scale, force_decode=False)
         if gpu:
-            for an, be in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-                try:
-                    qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
-                    with sdpa_kernel(be):
-                        o = Fn.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
-                    row["ms"][an] = time_ms(
-                        lambda o=o, i=(qq, kk, vv), g=do: torch.autograd.grad(o, i, g, retain_graph=True), gpu
-                    )
-                    del o, qq, kk, vv
-                except RuntimeError as e:
-                    res["skipped"].append(f"{an} D{D} N={N} causal={causal}: {str(e)[:80]}")
+            anchor_bwd_ms(row["ms"], res["skipped"], q, k, v, do, causal, f"D{D} N={N} causal={causal}")
         for name, cfg in variants.items():
             if not ok.get(json.dumps(cfg, sort_keys=True)):
                 continue

@@ -35,9 +35,8 @@ if DRY:
     os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
-import torch.nn.functional as Fn  # noqa: E402
 from flashattn_triton.ops import flash_attn as F  # noqa: E402
-from probe_flash_bwd_decode import BUCKETS, bwd_run, ref_grads, rel, setup, time_ms  # noqa: E402
+from probe_flash_bwd_decode import BUCKETS, anchor_bwd_ms, bwd_run, ref_grads, rel, setup, time_ms  # noqa: E402
 
 # (name, config overrides on top of the shipped config); order = priority (the budget may cut the tail)
 BIG = [  # N >= 4k and N1k full: shipped dK/dV 64x128, dQ 128x64, 8 warps, 3 stages (+TMA when full)
@@ -157,7 +156,6 @@ def main() -> None:
     ap.add_argument("--set", default="tiles", choices=("tiles", "lpt"), help="variant set (lpt: causal order)")
     args = ap.parse_args()
     out_dir, gpu, dev, dt, budget, res = setup(args)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     D, tot, hd = _shape(gpu)
     nchk = 2048 if gpu else 40
@@ -212,17 +210,7 @@ def main() -> None:
         out, lse = F._forward_impl(q, k, v, causal, scale, force_decode=False)
         rep = 150 if N >= 16384 else 60  # ms of do_bench repetitions: >= ~10 runs even at N16k full
         if gpu:
-            for an, be in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-                try:
-                    qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
-                    with sdpa_kernel(be):
-                        o = Fn.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
-                    row["ms"][an] = time_ms(
-                        lambda o=o, i=(qq, kk, vv), g=do: torch.autograd.grad(o, i, g, retain_graph=True), gpu, rep
-                    )
-                    del o, qq, kk, vv
-                except RuntimeError as e:
-                    res["skipped"].append(f"{an} N={N} causal={causal}: {str(e)[:80]}")
+            anchor_bwd_ms(row["ms"], res["skipped"], q, k, v, do, causal, f"N={N} causal={causal}", rep)
         for vi, (name, cfg) in enumerate(variants.items()):
             # the shipped config always runs (the baseline); the others only inside this group's deadline
             if vi and (time.time() > g_end or not budget.ok(6)):
