@@ -527,3 +527,48 @@ def test_gpu_torch_compile_attention_block():
     want = block(x)
     want.float().sum().backward()
     assert _rel(got, want) < 1e-2 and _rel(gx, x.grad) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("tiles", [(128, 2), (64, 3)])
+@pytest.mark.parametrize(
+    "B,H,Hkv,nq,nk,bnhd",
+    [(2, 4, 2, 1000, 1000, False), (1, 3, 3, 77, 300, False), (1, 2, 2, 300, 77, True), (1, 2, 1, 1, 1, False)],
+)
+def test_gpu_sm90_forward_matches_fp32(B, H, Hkv, nq, nk, bnhd, tiles, D, dtype):
+    """The Hopper Gluon forward (ragged N, Nq != Nk both ways, GQA, a (B, N, H, D) view, one row) against
+    an fp32 reference, outputs poisoned first; rows without keys (Nq > Nk, causal) give 0 and LSE -inf."""
+    from flashattn_triton.ops import _fwd_sm90
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon forward is built for SM90 only")
+    torch.manual_seed(6)
+    if bnhd:
+        q = rand(B, nq, H, D, dtype=dtype, device="cuda").transpose(1, 2)
+        k, v = (rand(B, nk, Hkv, D, dtype=dtype, device="cuda").transpose(1, 2) for _ in range(2))
+    else:
+        q = rand(B, H, nq, D, dtype=dtype, device="cuda")
+        k, v = (rand(B, Hkv, nk, D, dtype=dtype, device="cuda") for _ in range(2))
+    assert _fwd_sm90.eligible(q, k, v)
+    cfg = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, SM90=1, SM90_BLOCK_N=tiles[0], SM90_STAGES=tiles[1])
+    for causal in (False, True):
+        out, lse = torch.full_like(q, float("nan")), torch.full((B, H, nq), float("nan"), device="cuda")
+        F._fwd_launch(q, k, v, out, lse, causal, D**-0.5, cfg)
+        want, want_lse = ref_attention(q, k, v, causal, dtype=torch.float32)
+        assert torch.isfinite(out).all()
+        assert _rel(out, want) < (2e-2 if dtype == torch.bfloat16 else 5e-3)
+        _close_lse(lse, want_lse, 1e-3)
+
+
+def test_sm90_eligibility_rules():
+    from flashattn_triton.ops import _fwd_sm90
+
+    q = torch.zeros(1, 2, 8, 128, dtype=torch.float16)
+    assert not _fwd_sm90.eligible(q, q, q)  # CPU tensors never take the Gluon kernel
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
+        g = torch.zeros(1, 2, 8, 128, dtype=torch.bfloat16, device="cuda")
+        assert _fwd_sm90.eligible(g, g, g)
+        assert not _fwd_sm90.eligible(g[..., :96], g[..., :96], g[..., :96])  # D 96 is not built
+        assert not _fwd_sm90.eligible(g.float(), g.float(), g.float())

@@ -28,6 +28,7 @@ try:  # host-side TMA descriptors (Triton >= 3.4); without them decode/backward 
 except ImportError:  # pragma: no cover
     _TensorDescriptor = None
 
+from . import _fwd_sm90
 from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend, use_registered_op
 
 LOG2E = 1.4426950408889634
@@ -1466,6 +1467,9 @@ def _fwd_launch(q, k, v, out, lse, causal, sm_scale, cfg, cu_q=None, cu_k=None, 
         sq, sk, sv = q.stride()[:3], k.stride()[:3], v.stride()[:3]
         so = out.stride()[:3]
         sl = lse.stride()[:2]
+    if cfg.get("SM90") and not varlen and _fwd_sm90.eligible(q, k, v):
+        # Hopper: the warp-specialized Gluon kernel (TMA producer + two pipelined consumer warpgroups)
+        return _fwd_sm90.launch(q, k, v, out, lse, causal, sm_scale, cfg)
     bm = cfg["BLOCK_M"]
     num_m = triton.cdiv(Nq, bm)
     _attn_fwd_kernel[(num_m * B * H,)](

@@ -1,0 +1,195 @@
+"""H200 probe: the SM90 (Gluon, warp-specialized) attention forward vs the portable kernel, cuDNN and FA2.
+
+    python scripts/probe_flash_fwd_sm90.py OUTDIR [--budget 180]
+
+(1) Correctness of every SM90 variant on odd shapes (ragged N, Nq != Nk both ways with bottom-right causal,
+GQA, a (B, N, H, D) view, single rows), bf16 and fp16, outputs poisoned with NaN first: rel err of out and
+LSE vs an fp32 reference; a variant that fails anywhere is never timed or picked.
+(2) Timing on the benchmark shapes (B*N = 16k tokens, H*D = 2048; D64/D128, N 1k-16k, causal and not):
+the shipped config, the SM90 variants, SDPA cuDNN and FA2 -- do_bench medians in one process.
+Writes OUTDIR/probe_fwd_sm90.json and OUTDIR/tuning_fragment.json (per seqlen bucket, the SM90 variant
+with the best geometric-mean time if it beats the shipped config by > 1%; tuning.json format); prints a
+table last. Budget-guarded: what is left when it runs out is skipped and the results are still written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "packages/flashattn-triton/src"))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import torch  # noqa: E402
+import torch.nn.functional as Fn  # noqa: E402
+from flashattn_triton.ops import _fwd_sm90 as S  # noqa: E402
+from flashattn_triton.ops import flash_attn as F  # noqa: E402
+from probe_flash_bwd_decode import BUCKETS, Budget, rel  # noqa: E402
+
+BUCKET_OF = {1024: 1024, 2048: 1024, 4096: 4096, 8192: 4096, 16384: 16384}  # N -> BUCKETS key
+VARIANTS = {  # name -> SM90 config keys
+    "g128s2": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=2),
+    "g128s3": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3),
+    "g64s3": dict(SM90=1, SM90_BLOCK_N=64, SM90_STAGES=3),
+    "g64s4": dict(SM90=1, SM90_BLOCK_N=64, SM90_STAGES=4),
+}
+# (B, H, Hkv, Nq, Nk, bnhd): ragged, Nq < Nk, Nq > Nk (rows with no key when causal), GQA, BNHD view, tiny
+CHECK_SHAPES = [
+    (2, 4, 4, 1000, 1000, False),
+    (1, 3, 3, 77, 300, False),
+    (1, 2, 2, 300, 77, False),
+    (2, 8, 2, 513, 513, False),
+    (1, 4, 1, 129, 1100, True),
+    (1, 2, 2, 1, 1, False),
+    (1, 2, 2, 64, 2048, False),
+]
+
+
+def ref_fwd(q, k, v, causal, scale):
+    """fp32 reference (out, natural-log LSE); rows without keys give 0 / -inf."""
+    g = q.shape[1] // k.shape[1]
+    qf, kf, vf = q.float(), k.float().repeat_interleave(g, 1), v.float().repeat_interleave(g, 1)
+    s = qf @ kf.transpose(-1, -2) * scale
+    if causal:
+        s = s.masked_fill(~F.causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    return p @ vf, lse
+
+
+def run(cfg, q, k, v, causal, scale, poison=False):
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    if poison:
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+    F._fwd_launch(q, k, v, out, lse, causal, scale, cfg)
+    return out, lse
+
+
+def check(cfg, dt, D) -> tuple[bool, list]:
+    errs = []
+    for B, H, Hkv, nq, nk, bnhd in CHECK_SHAPES:
+        for causal in (False, True):
+            torch.manual_seed(nq * 7 + nk)
+            if bnhd:
+                q = torch.randn(B, nq, H, D, device="cuda", dtype=dt).transpose(1, 2)
+                k, v = (torch.randn(B, nk, Hkv, D, device="cuda", dtype=dt).transpose(1, 2) for _ in range(2))
+            else:
+                q = torch.randn(B, H, nq, D, device="cuda", dtype=dt)
+                k, v = (torch.randn(B, Hkv, nk, D, device="cuda", dtype=dt) for _ in range(2))
+            assert S.eligible(q, k, v), (B, H, nq, nk, bnhd)
+            scale = D**-0.5
+            out, lse = run(cfg, q, k, v, causal, scale, poison=True)
+            want, wlse = ref_fwd(q, k, v, causal, scale)
+            e_o = rel(out, want)
+            fin = torch.isfinite(wlse)
+            lse_ok = bool((lse[~fin] == float("-inf")).all()) if (~fin).any() else True
+            e_l = rel(lse[fin], wlse[fin]) if fin.any() else 0.0
+            errs.append(dict(shape=(B, H, Hkv, nq, nk, bnhd), causal=causal, out=e_o, lse=e_l, lse_inf_ok=lse_ok))
+    good = all(e["out"] < 2e-2 and e["lse"] < 1e-3 and e["lse_inf_ok"] for e in errs)
+    return good, errs
+
+
+def time_ms(fn, rep=40):
+    import triton.testing as tt
+
+    return float(tt.do_bench(fn, warmup=10, rep=rep, return_mode="median"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("outdir")
+    ap.add_argument("--budget", type=float, default=180.0)
+    args = ap.parse_args()
+    out_dir = Path(args.outdir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    budget = Budget(args.budget)
+    import triton
+
+    p = torch.cuda.get_device_properties(0)
+    res = dict(env=dict(gpu=p.name, torch=torch.__version__, triton=triton.__version__), correctness={}, fwd=[], skipped=[])
+    dev = torch.device("cuda")
+    ok = {}
+    for D in (128, 64):
+        for dt in (torch.bfloat16, torch.float16):
+            for name, cfg in VARIANTS.items():
+                try:
+                    good, errs = check(cfg, dt, D)
+                except Exception as e:
+                    good, errs = False, [repr(e)[:300]]
+                res["correctness"][f"D{D} {str(dt)[6:]} {name}"] = dict(ok=good, errs=errs)
+                ok[(D, name)] = ok.get((D, name), True) and good
+                print(f"[{time.time() - budget.t0:5.1f}s] check D{D} {dt} {name}: {'ok' if good else 'BAD'}", flush=True)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for D in (128, 64):
+        for causal in (False, True):
+            for N in (16384, 4096, 1024, 8192, 2048):
+                if not budget.ok(6):
+                    res["skipped"].append(f"D{D} N{N} causal={causal}")
+                    continue
+                B, H = 16384 // N, 2048 // D
+                q, k, v = (torch.randn(B, H, N, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
+                scale = D**-0.5
+                shipped = F.get_config("fwd", dev, D, causal, N, torch.bfloat16)
+                row = dict(D=D, N=N, causal=causal, B=B, H=H, shipped=shipped, ms={})
+                for an, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
+                    try:
+                        with sdpa_kernel(be):
+                            row["ms"][an] = time_ms(lambda: Fn.scaled_dot_product_attention(q, k, v, is_causal=causal))
+                    except RuntimeError as e:
+                        res["skipped"].append(f"{an} D{D} N{N}: {str(e)[:80]}")
+                base = {kk: vv for kk, vv in shipped.items() if not kk.startswith("SM90")}
+                row["ms"]["portable"] = time_ms(lambda: run(base, q, k, v, causal, scale))
+                for name, over in VARIANTS.items():
+                    if ok.get((D, name)):
+                        row["ms"][name] = time_ms(lambda o=over: run(dict(base, **o), q, k, v, causal, scale))
+                flops = 4 * B * H * N * N * D * (0.5 if causal else 1.0)
+                row["tflops"] = {n: flops / (ms * 1e-3) / 1e12 for n, ms in row["ms"].items()}
+                res["fwd"].append(row)
+                print(f"[{time.time() - budget.t0:5.1f}s] D{D} N{N} causal={causal} " + " ".join(
+                    f"{n}={t:.0f}" for n, t in row["tflops"].items()), flush=True)  # fmt: skip
+    # per (D, causal, bucket): best SM90 variant by geometric-mean time, if it beats the portable kernel by > 1%
+    frag, picks = [], {}
+    groups: dict = {}
+    for row in res["fwd"]:
+        groups.setdefault((row["D"], row["causal"], BUCKET_OF[row["N"]]), []).append(row)
+    for (D, causal, bk), rows in groups.items():
+        names = [n for n in ["portable", *VARIANTS] if all(n in r["ms"] for r in rows)]
+        if not names:
+            continue
+        gm = {n: math.exp(sum(math.log(r["ms"][n]) for r in rows) / len(rows)) for n in names}
+        best = min(gm, key=gm.get)
+        picks[f"D{D}-{'causal' if causal else 'full'}-{bk}"] = dict(best=best, geomean_ms=gm)
+        if best != "portable" and gm[best] < 0.99 * gm["portable"]:
+            base = {kk: vv for kk, vv in rows[0]["shipped"].items() if not kk.startswith("SM90")}
+            for dts in ("bf16", "fp16"):
+                match = dict(kernel="fwd", head_dim=D, causal=causal, seqlen=BUCKETS[bk], dtype=dts)
+                frag.append(dict(match=match, config=dict(base, **VARIANTS[best])))
+    res["picks"] = picks
+    res["wall_s"] = time.time() - budget.t0
+    (out_dir / "probe_fwd_sm90.json").write_text(json.dumps(res, indent=1, default=str))
+    (out_dir / "tuning_fragment.json").write_text(json.dumps({"sm90": frag}, indent=1))
+    print("\n== correctness ==")
+    for k_, v_ in res["correctness"].items():
+        worst = max((e["out"] for e in v_["errs"] if isinstance(e, dict)), default=float("nan"))
+        print(f"  {'ok ' if v_['ok'] else 'BAD'} {k_}: worst out rel err {worst:.2e}" + ("" if v_["ok"] else f" {v_['errs'][:2]}"))
+    print("\n== forward TFLOP/s (ratio vs cuDNN) ==")
+    for row in res["fwd"]:
+        c = row["ms"].get("cudnn")
+        cells = [f"{n}={row['tflops'][n]:.0f}" + (f"({c / row['ms'][n]:.2f})" if c else "") for n in row["ms"]]
+        print(f"  D{row['D']} N={row['N']:>5} {'causal' if row['causal'] else 'full  '} " + " ".join(cells))
+    print("\n== picks ==", {k_: v_["best"] for k_, v_ in picks.items()})
+    if res["skipped"]:
+        print(f"  skipped ({len(res['skipped'])}):", "; ".join(res["skipped"][:8]))
+    print(f"  wall {res['wall_s']:.0f}s -> {out_dir}")
+
+
+if __name__ == "__main__":
+    main()
