@@ -32,20 +32,22 @@ from flashattn_triton.ops import flash_attn as F  # noqa: E402
 from probe_flash_bwd_decode import BUCKETS, Budget, rel  # noqa: E402
 
 BUCKET_OF = {1024: 1024, 2048: 1024, 4096: 4096, 8192: 4096, 16384: 16384}  # N -> BUCKETS key
-VARIANTS = {  # name -> SM90 config keys
-    "g128s2": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=2),
-    "g128s3": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3),
-    "g64s3": dict(SM90=1, SM90_BLOCK_N=64, SM90_STAGES=3),
+VARIANTS = {  # name -> SM90 config keys (persistent kernel; C3 = three consumer warpgroups)
+    "p128s3": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3),
+    "p128s2": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=2),
+    "p3c64s4": dict(SM90=1, SM90_BLOCK_N=64, SM90_STAGES=4, SM90_CONS=3),
+    "p128s4": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4),
+    "p3c128s4": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_CONS=3),
+    "p3c64s6": dict(SM90=1, SM90_BLOCK_N=64, SM90_STAGES=6, SM90_CONS=3),
 }
+DIMS = {"p128s2": (128,), "p128s4": (64,), "p3c128s4": (64,), "p3c64s6": (64,)}  # D128: shared memory
 # (B, H, Hkv, Nq, Nk, bnhd): ragged, Nq < Nk, Nq > Nk (rows with no key when causal), GQA, BNHD view, tiny
 CHECK_SHAPES = [
-    (2, 4, 4, 1000, 1000, False),
     (1, 3, 3, 77, 300, False),
     (1, 2, 2, 300, 77, False),
-    (2, 8, 2, 513, 513, False),
+    (4, 16, 4, 513, 513, False),  # 320 tiles: several per CTA
     (1, 4, 1, 129, 1100, True),
     (1, 2, 2, 1, 1, False),
-    (1, 2, 2, 64, 2048, False),
 ]
 
 
@@ -117,8 +119,10 @@ def main() -> None:
     dev = torch.device("cuda")
     ok = {}
     for D in (128, 64) if args.check == "full" else ():
-        for dt in (torch.bfloat16, torch.float16):
+        for dt in (torch.bfloat16,):  # fp16: the GPU tests
             for name, cfg in VARIANTS.items():
+                if D not in DIMS.get(name, (64, 128)):
+                    continue
                 try:
                     good, errs = check(cfg, dt, D)
                 except Exception as e:
@@ -148,7 +152,7 @@ def main() -> None:
                 base = {kk: vv for kk, vv in shipped.items() if not kk.startswith("SM90")}
                 row["ms"]["portable"] = time_ms(lambda: run(base, q, k, v, causal, scale))
                 for name, over in VARIANTS.items():
-                    if ok.get((D, name), args.check == "none"):
+                    if D in DIMS.get(name, (64, 128)) and ok.get((D, name), args.check == "none"):
                         row["ms"][name] = time_ms(lambda o=over: run(dict(base, **o), q, k, v, causal, scale))
                 flops = 4 * B * H * N * N * D * (0.5 if causal else 1.0)
                 row["tflops"] = {n: flops / (ms * 1e-3) / 1e12 for n, ms in row["ms"].items()}

@@ -532,14 +532,16 @@ def test_gpu_torch_compile_attention_block():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("tiles", [(128, 2), (64, 3)])
+@pytest.mark.parametrize("tiles", [(128, 3, 2), (64, 4, 3)])
 @pytest.mark.parametrize(
     "B,H,Hkv,nq,nk,bnhd",
-    [(2, 4, 2, 1000, 1000, False), (1, 3, 3, 77, 300, False), (1, 2, 2, 300, 77, True), (1, 2, 1, 1, 1, False)],
+    [(2, 16, 4, 1000, 1000, False), (1, 3, 3, 77, 300, False), (1, 2, 2, 300, 77, True), (1, 2, 1, 1, 1, False)],
 )
 def test_gpu_sm90_forward_matches_fp32(B, H, Hkv, nq, nk, bnhd, tiles, D, dtype):
-    """The Hopper Gluon forward (ragged N, Nq != Nk both ways, GQA, a (B, N, H, D) view, one row) against
-    an fp32 reference, outputs poisoned first; rows without keys (Nq > Nk, causal) give 0 and LSE -inf."""
+    """The Hopper Gluon forward (ragged N, Nq != Nk both ways, GQA, a (B, N, H, D) view, one row; two and
+    three consumer warpgroups) against an fp32 reference, outputs poisoned first; rows without keys
+    (Nq > Nk, causal) give 0 and LSE -inf. B * H * row blocks (256 at N=1000) exceeds the SM count, so the
+    persistent loop runs several tiles per CTA."""
     from flashattn_triton.ops import _fwd_sm90
 
     if torch.cuda.get_device_capability() != (9, 0):
@@ -552,7 +554,8 @@ def test_gpu_sm90_forward_matches_fp32(B, H, Hkv, nq, nk, bnhd, tiles, D, dtype)
         q = rand(B, H, nq, D, dtype=dtype, device="cuda")
         k, v = (rand(B, Hkv, nk, D, dtype=dtype, device="cuda") for _ in range(2))
     assert _fwd_sm90.eligible(q, k, v)
-    cfg = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, SM90=1, SM90_BLOCK_N=tiles[0], SM90_STAGES=tiles[1])
+    bn, stages, cons = tiles
+    cfg = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, SM90=1, SM90_BLOCK_N=bn, SM90_STAGES=stages, SM90_CONS=cons)
     for causal in (False, True):
         out, lse = torch.full_like(q, float("nan")), torch.full((B, H, nq), float("nan"), device="cuda")
         F._fwd_launch(q, k, v, out, lse, causal, D**-0.5, cfg)

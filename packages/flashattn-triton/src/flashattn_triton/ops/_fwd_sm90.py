@@ -22,6 +22,7 @@ Only dense (B, H, N, D) inputs with D in {64, 128}, fp16/bf16 and TMA-compatible
 from __future__ import annotations
 
 import torch
+import triton
 
 try:  # Gluon ships with Triton >= 3.5; without it this kernel is simply never chosen
     from triton.experimental import gluon
@@ -58,20 +59,60 @@ if HAS_GLUON:
     _WG_M = gl.constexpr(WG_M)
 
     @gluon.jit
-    def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                  b, h, hk, start_m, n_blocks, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
-        # both consumers' Q tiles land on one barrier
-        mbarrier.expect(q_bar, 2 * desc_q.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_q, [b, h, start_m, 0], q_bar, q_smem.index(0))
-        tma.async_copy_global_to_shared(desc_q, [b, h, start_m + _WG_M, 0], q_bar, q_smem.index(1))
-        for i in range(n_blocks):
-            s = i % STAGES
-            # a fresh barrier completes parity 1 at once, so the first pass over the ring never waits
-            mbarrier.wait(empty_bar.index(s), ((i // STAGES) & 1) ^ 1)
-            mbarrier.expect(k_bar.index(s), desc_k.block_type.nbytes)
-            tma.async_copy_global_to_shared(desc_k, [b, hk, i * BLOCK_N, 0], k_bar.index(s), k_smem.index(s))
-            mbarrier.expect(v_bar.index(s), desc_v.block_type.nbytes)
-            tma.async_copy_global_to_shared(desc_v, [b, hk, i * BLOCK_N, 0], v_bar.index(s), v_smem.index(s))
+    def _tile(t, NUM_M, H, GROUP, Nq, Nk, NUM_CONS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """Tile t -> (b, h, kv head, first row, unmasked key blocks, key blocks). Heads outermost so the CTAs
+        running at once share K/V in L2; causal tiles of a head go longest rows first (tail balance)."""
+        BLOCK_M: gl.constexpr = NUM_CONS * _WG_M
+        pid_bh = t // NUM_M
+        pid_m = t % NUM_M
+        if CAUSAL:
+            pid_m = NUM_M - 1 - pid_m
+        b = pid_bh // H
+        h = pid_bh % H
+        start_m = pid_m * BLOCK_M
+        diag = Nk - Nq
+        # key blocks [0, n_full) need no mask, [n_full, n_blocks) do (the split of _causal_ranges)
+        full_k = Nk // BLOCK_N
+        if CAUSAL:
+            n_full = gl.minimum(gl.maximum((start_m + diag + 1) // BLOCK_N, 0), full_k)
+            hi = gl.minimum(start_m + BLOCK_M + diag, Nk)
+        else:
+            n_full = full_k
+            hi = Nk
+        # at least one block so every consumer has a tile to pipeline (rows that see nothing stay 0 / -inf)
+        n_blocks = gl.maximum(gl.maximum(gl.cdiv(hi, BLOCK_N), n_full), 1)
+        return b, h, h // GROUP, start_m, n_full, n_blocks
+
+    @gluon.jit
+    def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty,
+                  n_tiles, NUM_M, H, GROUP, Nq, Nk, NUM_CONS: gl.constexpr, STAGES: gl.constexpr,
+                  BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):  # fmt: skip
+        it = 0  # key blocks loaded so far by this CTA: ring slot and phase run on across tiles
+        tc = 0
+        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            b, h, hk, start_m, n_full, n_blocks = _tile(t, NUM_M, H, GROUP, Nq, Nk, NUM_CONS, BLOCK_N, CAUSAL)
+            # a fresh barrier completes parity 1 at once, so first uses of q_empty / the ring never wait
+            mbarrier.wait(q_empty, (tc & 1) ^ 1)
+            mbarrier.expect(q_bar, NUM_CONS * desc_q.block_type.nbytes)
+            for c in gl.static_range(NUM_CONS):
+                tma.async_copy_global_to_shared(desc_q, [b, h, start_m + c * _WG_M, 0], q_bar, q_smem.index(c))
+            for i in range(n_blocks):
+                s = it % STAGES
+                ph = ((it // STAGES) & 1) ^ 1
+                mbarrier.wait(k_empty.index(s), ph)
+                mbarrier.expect(k_bar.index(s), desc_k.block_type.nbytes)
+                tma.async_copy_global_to_shared(desc_k, [b, hk, i * BLOCK_N, 0], k_bar.index(s), k_smem.index(s))
+                mbarrier.wait(v_empty.index(s), ph)
+                mbarrier.expect(v_bar.index(s), desc_v.block_type.nbytes)
+                tma.async_copy_global_to_shared(desc_v, [b, hk, i * BLOCK_N, 0], v_bar.index(s), v_smem.index(s))
+                it += 1
+            tc += 1
+
+    @gluon.jit
+    def _release(bar):
+        # every warp of the warpgroup is past its wgmma wait before one thread frees the buffer
+        gl.thread_barrier()
+        mbarrier.arrive(bar)
 
     @gluon.jit
     def _softmax_step(s, m_i, l_i, row, kv0, seqlen_k, diag, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
@@ -98,132 +139,148 @@ if HAS_GLUON:
         return p_op, alpha, m_new, l_new
 
     @gluon.jit
-    def _consumer(q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, o_base, som, lse_base,
-                  row0, seqlen_q, seqlen_k, diag, n_full, n_blocks, qk_scale,
+    def _consumer(q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, O, LSE,
+                  sob, soh, som, slb, slh, n_tiles, NUM_M, H, GROUP, Nq, Nk, qk_scale,
                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                  WG: gl.constexpr):  # fmt: skip
+                  NUM_CONS: gl.constexpr, WG: gl.constexpr):  # fmt: skip
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-
         q = q_smem.index(WG).reshape([_WG_M, HEAD_DIM])
-        row = row0 + gl.arange(0, _WG_M, layout=row_s)
-        m_i = gl.full([_WG_M], float("-inf"), gl.float32, layout=row_s)
-        l_i = gl.zeros([_WG_M], gl.float32, layout=row_s)
-        acc = gl.zeros([_WG_M, HEAD_DIM], gl.float32, layout=o_layout)
         s_zero = gl.zeros([_WG_M, BLOCK_N], gl.float32, layout=s_layout)
-        mbarrier.wait(q_bar, 0)
+        diag = Nk - Nq
+        it = 0  # key blocks consumed so far: the producer's ring position
+        tc = 0
+        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            b, h, hk, start_m, n_full, n_blocks = _tile(t, NUM_M, H, GROUP, Nq, Nk, NUM_CONS, BLOCK_N, CAUSAL)
+            row0 = start_m + WG * _WG_M
+            row = row0 + gl.arange(0, _WG_M, layout=row_s)
+            m_i = gl.full([_WG_M], float("-inf"), gl.float32, layout=row_s)
+            l_i = gl.zeros([_WG_M], gl.float32, layout=row_s)
+            acc = gl.zeros([_WG_M, HEAD_DIM], gl.float32, layout=o_layout)
+            mbarrier.wait(q_bar, tc & 1)
 
-        # prologue: S(0) and its softmax
-        mbarrier.wait(k_bar.index(0), 0)
-        k0 = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        s_tok = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
-        s_cur = warpgroup_mma_wait(0, deps=[s_tok, q, k0])[0]
-        if n_full > 0:
-            p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, row, 0, seqlen_k, diag, qk_scale, False, CAUSAL,
-                                               BLOCK_N, s_layout, o_layout, dtype)  # fmt: skip
-        else:
-            p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, row, 0, seqlen_k, diag, qk_scale, True, CAUSAL,
-                                               BLOCK_N, s_layout, o_layout, dtype)  # fmt: skip
-
-        # steady state: issue S(i), then O += P(i-1) V(i-1); softmax(i) overlaps the P V wgmma
-        for i in range(1, n_blocks):
-            s = i % STAGES
-            sp = (i - 1) % STAGES
-            mbarrier.wait(k_bar.index(s), (i // STAGES) & 1)
-            ki = k_smem.index(s).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-            s_tok = warpgroup_mma(q, ki, s_zero, use_acc=False, is_async=True)
-            mbarrier.wait(v_bar.index(sp), ((i - 1) // STAGES) & 1)
-            vp = v_smem.index(sp).reshape([BLOCK_N, HEAD_DIM])
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-            acc_tok = warpgroup_mma(p, vp, acc, is_async=True)
-            s_cur = warpgroup_mma_wait(1, deps=[s_tok, q, ki])[0]
-            if i < n_full:
-                p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, row, i * BLOCK_N, seqlen_k, diag, qk_scale,
-                                                   False, CAUSAL, BLOCK_N, s_layout, o_layout, dtype)  # fmt: skip
+            # prologue: S(0) and its softmax
+            s0 = it % STAGES
+            mbarrier.wait(k_bar.index(s0), (it // STAGES) & 1)
+            k0 = k_smem.index(s0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+            s_tok = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
+            s_cur = warpgroup_mma_wait(0, deps=[s_tok, q, k0])[0]
+            _release(k_empty.index(s0))
+            if n_full > 0:
+                p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, row, 0, Nk, diag, qk_scale, False, CAUSAL,
+                                                   BLOCK_N, s_layout, o_layout, dtype)  # fmt: skip
             else:
-                p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, row, i * BLOCK_N, seqlen_k, diag, qk_scale,
-                                                   True, CAUSAL, BLOCK_N, s_layout, o_layout, dtype)  # fmt: skip
-            acc = warpgroup_mma_wait(0, deps=[acc_tok, vp])[0]
-            # all four warps are past their waits before one thread frees the stage for the producer
-            gl.thread_barrier()
-            mbarrier.arrive(empty_bar.index(sp))
+                p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, row, 0, Nk, diag, qk_scale, True, CAUSAL,
+                                                   BLOCK_N, s_layout, o_layout, dtype)  # fmt: skip
 
-        # epilogue: the last P V
-        sl = (n_blocks - 1) % STAGES
-        mbarrier.wait(v_bar.index(sl), ((n_blocks - 1) // STAGES) & 1)
-        vl = v_smem.index(sl).reshape([BLOCK_N, HEAD_DIM])
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-        acc_tok = warpgroup_mma(p, vl, acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=[acc_tok, vl])[0]
+            # steady state: issue S(i), then O += P(i-1) V(i-1); softmax(i) overlaps the P V wgmma
+            for i in range(1, n_blocks):
+                sc = (it + i) % STAGES
+                sp = (it + i - 1) % STAGES
+                mbarrier.wait(k_bar.index(sc), ((it + i) // STAGES) & 1)
+                ki = k_smem.index(sc).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+                s_tok = warpgroup_mma(q, ki, s_zero, use_acc=False, is_async=True)
+                mbarrier.wait(v_bar.index(sp), ((it + i - 1) // STAGES) & 1)
+                vp = v_smem.index(sp).reshape([BLOCK_N, HEAD_DIM])
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                acc_tok = warpgroup_mma(p, vp, acc, is_async=True)
+                s_cur = warpgroup_mma_wait(1, deps=[s_tok, q, ki])[0]
+                _release(k_empty.index(sc))
+                if i < n_full:
+                    p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, row, i * BLOCK_N, Nk, diag, qk_scale,
+                                                       False, CAUSAL, BLOCK_N, s_layout, o_layout, dtype)  # fmt: skip
+                else:
+                    p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, row, i * BLOCK_N, Nk, diag, qk_scale,
+                                                       True, CAUSAL, BLOCK_N, s_layout, o_layout, dtype)  # fmt: skip
+                acc = warpgroup_mma_wait(0, deps=[acc_tok, vp])[0]
+                _release(v_empty.index(sp))
+            # every S wgmma of this tile is done: the producer may load the next tile's Q
+            _release(q_empty)
 
-        l_safe = gl.where(l_i == 0.0, 1.0, l_i)
-        out = acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)
-        rows_o = row0 + gl.arange(0, _WG_M, layout=row_o)
-        cols_o = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-        offs = gl.expand_dims(rows_o.to(gl.int64) * som, 1) + gl.expand_dims(cols_o, 0)
-        gl.store(o_base + offs, out.to(dtype), mask=gl.expand_dims(rows_o < seqlen_q, 1))
-        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
-        gl.store(lse_base + row, lse, mask=row < seqlen_q)
+            # epilogue: the last P V, then O and LSE (the producer is already streaming the next tile)
+            sl = (it + n_blocks - 1) % STAGES
+            mbarrier.wait(v_bar.index(sl), ((it + n_blocks - 1) // STAGES) & 1)
+            vl = v_smem.index(sl).reshape([BLOCK_N, HEAD_DIM])
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            acc_tok = warpgroup_mma(p, vl, acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=[acc_tok, vl])[0]
+            _release(v_empty.index(sl))
+            it += n_blocks
+            tc += 1
+
+            l_safe = gl.where(l_i == 0.0, 1.0, l_i)
+            out = acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)
+            b64 = b.to(gl.int64)
+            rows_o = row0 + gl.arange(0, _WG_M, layout=row_o)
+            cols_o = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+            offs = gl.expand_dims(rows_o.to(gl.int64) * som, 1) + gl.expand_dims(cols_o, 0)
+            o_base = O + b64 * sob + h.to(gl.int64) * soh
+            gl.store(o_base + offs, out.to(dtype), mask=gl.expand_dims(rows_o < Nq, 1))
+            lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+            gl.store(LSE + b64 * slb + h.to(gl.int64) * slh + row, lse, mask=row < Nq)
 
     @gluon.jit
     def _attn_fwd_sm90_kernel(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, slb, slh, H, GROUP, Nq, Nk, NUM_M,
-                              qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                              CAUSAL: gl.constexpr):  # fmt: skip
-        BLOCK_M: gl.constexpr = 2 * _WG_M
-        pid = gl.program_id(0)
-        pid_bh = pid // NUM_M
-        pid_m = pid % NUM_M
-        if CAUSAL:
-            pid_m = NUM_M - 1 - pid_m  # longest rows first: better tail balance
-        b = pid_bh // H
-        h = pid_bh % H
-        hk = h // GROUP
-        start_m = pid_m * BLOCK_M
-        diag = Nk - Nq
-        # key blocks [0, n_full) need no mask, [n_full, n_blocks) do (same split as _causal_ranges)
-        full_k = Nk // BLOCK_N
-        if CAUSAL:
-            n_full = gl.minimum(gl.maximum((start_m + diag + 1) // BLOCK_N, 0), full_k)
-            hi = gl.minimum(start_m + BLOCK_M + diag, Nk)
-        else:
-            n_full = full_k
-            hi = Nk
-        # at least one block so every consumer has a tile to pipeline (rows that see nothing stay 0 / -inf)
-        n_blocks = gl.maximum(gl.maximum(gl.cdiv(hi, BLOCK_N), n_full), 1)
-
+                              n_tiles, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                              STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr,
+                              CONS_REGS: gl.constexpr):  # fmt: skip
+        # persistent: each CTA walks tiles pid, pid + grid, ...; the producer runs ahead into the next tile
         dtype: gl.constexpr = desc_q.dtype
-        q_smem = gl.allocate_shared_memory(dtype, [2] + desc_q.block_type.shape, desc_q.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [NUM_CONS] + desc_q.block_type.shape, desc_q.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
+        mbarrier.init(q_empty, count=NUM_CONS)  # one arrive per consumer warpgroup
         for s in gl.static_range(STAGES):
             mbarrier.init(k_bar.index(s), count=1)
             mbarrier.init(v_bar.index(s), count=1)
-            mbarrier.init(empty_bar.index(s), count=2)  # one arrive per consumer warpgroup
-
-        b64 = b.to(gl.int64)
-        o_base = O + b64 * sob + h.to(gl.int64) * soh
-        lse_base = LSE + b64 * slb + h.to(gl.int64) * slh
-        gl.warp_specialize(
-            [
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, o_base, som, lse_base, start_m,
-                             Nq, Nk, diag, n_full, n_blocks, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, 0)),
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, o_base, som, lse_base,
-                             start_m + _WG_M, Nq, Nk, diag, n_full, n_blocks, qk_scale, HEAD_DIM, BLOCK_N, STAGES,
-                             CAUSAL, 1)),
-                (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                             b, h, hk, start_m, n_blocks, STAGES, BLOCK_N)),
-            ],
-            [4, 1],
-            [240, 24],
-        )  # fmt: skip
+            mbarrier.init(k_empty.index(s), count=NUM_CONS)
+            mbarrier.init(v_empty.index(s), count=NUM_CONS)
+        # (partition arguments are spelled out: Gluon keeps constexprs only in literal argument tuples)
+        if NUM_CONS == 2:
+            gl.warp_specialize(
+                [
+                    (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, O, LSE, sob,
+                                 soh, som, slb, slh, n_tiles, NUM_M, H, GROUP, Nq, Nk, qk_scale, HEAD_DIM, BLOCK_N,
+                                 STAGES, CAUSAL, NUM_CONS, 0)),
+                    (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, O, LSE, sob,
+                                 soh, som, slb, slh, n_tiles, NUM_M, H, GROUP, Nq, Nk, qk_scale, HEAD_DIM, BLOCK_N,
+                                 STAGES, CAUSAL, NUM_CONS, 1)),
+                    (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar,
+                                 k_empty, v_empty, n_tiles, NUM_M, H, GROUP, Nq, Nk, NUM_CONS, STAGES, BLOCK_N,
+                                 CAUSAL)),
+                ],
+                [4, 1],
+                [CONS_REGS, 24],
+            )
+        else:
+            gl.warp_specialize(
+                [
+                    (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, O, LSE, sob,
+                                 soh, som, slb, slh, n_tiles, NUM_M, H, GROUP, Nq, Nk, qk_scale, HEAD_DIM, BLOCK_N,
+                                 STAGES, CAUSAL, NUM_CONS, 0)),
+                    (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, O, LSE, sob,
+                                 soh, som, slb, slh, n_tiles, NUM_M, H, GROUP, Nq, Nk, qk_scale, HEAD_DIM, BLOCK_N,
+                                 STAGES, CAUSAL, NUM_CONS, 1)),
+                    (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, O, LSE, sob,
+                                 soh, som, slb, slh, n_tiles, NUM_M, H, GROUP, Nq, Nk, qk_scale, HEAD_DIM, BLOCK_N,
+                                 STAGES, CAUSAL, NUM_CONS, 2)),
+                    (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar,
+                                 k_empty, v_empty, n_tiles, NUM_M, H, GROUP, Nq, Nk, NUM_CONS, STAGES, BLOCK_N,
+                                 CAUSAL)),
+                ],
+                [4, 4, 1],
+                [CONS_REGS, CONS_REGS, 24],
+            )  # fmt: skip
 
 
 def _desc(t: torch.Tensor, rows: int):
@@ -234,12 +291,16 @@ def _desc(t: torch.Tensor, rows: int):
 
 def launch(q, k, v, out, lse, causal: bool, sm_scale: float, cfg: dict) -> None:
     """Run the SM90 forward on eligible (B, H, N, D) tensors into ``out`` (q's layout) and ``lse`` (B, H, Nq).
-    Config keys (the fwd entries of tuning.json): SM90_BLOCK_N (key tile, 64 or 128), SM90_STAGES (K/V ring)."""
+    Config keys (the fwd entries of tuning.json): SM90_BLOCK_N (key tile, 64 or 128), SM90_STAGES (K/V ring),
+    SM90_CONS (consumer warpgroups of 64 query rows: 2, or 3 with a smaller register budget each)."""
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     bn = cfg.get("SM90_BLOCK_N", 128)
-    num_m = (Nq + 2 * WG_M - 1) // (2 * WG_M)
-    _attn_fwd_sm90_kernel[(num_m * B * H,)](
+    cons = cfg.get("SM90_CONS", 2)
+    num_m = triton.cdiv(Nq, cons * WG_M)
+    n_tiles = num_m * B * H
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    _attn_fwd_sm90_kernel[(min(n_tiles, sms),)](
         _desc(q, WG_M),
         _desc(k, bn),
         _desc(v, bn),
@@ -255,10 +316,14 @@ def launch(q, k, v, out, lse, causal: bool, sm_scale: float, cfg: dict) -> None:
         Nq,
         Nk,
         num_m,
+        n_tiles,
         sm_scale * 1.4426950408889634,
         HEAD_DIM=D,
         BLOCK_N=bn,
-        STAGES=cfg.get("SM90_STAGES", 2),
+        STAGES=cfg.get("SM90_STAGES", 3),
         CAUSAL=bool(causal),
+        NUM_CONS=cons,
+        # 512 registers per thread slot across the warpgroups; the default partition takes what is left
+        CONS_REGS=240 if cons == 2 else 160,
         num_warps=4,
     )
