@@ -292,7 +292,9 @@ def _desc(t: torch.Tensor, rows: int):
 def launch(q, k, v, out, lse, causal: bool, sm_scale: float, cfg: dict) -> None:
     """Run the SM90 forward on eligible (B, H, N, D) tensors into ``out`` (q's layout) and ``lse`` (B, H, Nq).
     Config keys (the fwd entries of tuning.json): SM90_BLOCK_N (key tile, 64 or 128), SM90_STAGES (K/V ring),
-    SM90_CONS (consumer warpgroups of 64 query rows: 2, or 3 with a smaller register budget each)."""
+    SM90_CONS (consumer warpgroups of 64 query rows: 2, or 3 with a smaller register budget each), SM90_PERSIST
+    (1: one CTA per SM walking tiles, the producer running ahead into the next tile; 0: one CTA per tile, which
+    the hardware hands out dynamically -- better balanced for causal tiles of unequal cost)."""
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     bn = cfg.get("SM90_BLOCK_N", 128)
@@ -300,7 +302,8 @@ def launch(q, k, v, out, lse, causal: bool, sm_scale: float, cfg: dict) -> None:
     num_m = triton.cdiv(Nq, cons * WG_M)
     n_tiles = num_m * B * H
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    _attn_fwd_sm90_kernel[(min(n_tiles, sms),)](
+    grid = min(n_tiles, sms) if cfg.get("SM90_PERSIST", 1) else n_tiles
+    _attn_fwd_sm90_kernel[(grid,)](
         _desc(q, WG_M),
         _desc(k, bn),
         _desc(v, bn),
