@@ -8,7 +8,7 @@ LSE vs an fp32 reference; a variant that fails anywhere is never timed or picked
 (2) Timing on the benchmark shapes (B*N = 16k tokens, H*D = 2048; D64/D128, N 1k-16k, causal and not):
 the shipped config, the SM90 variants, SDPA cuDNN and FA2 -- do_bench medians in one process.
 Writes OUTDIR/probe_fwd_sm90.json and OUTDIR/tuning_fragment.json (per seqlen bucket, the SM90 variant
-with the best geometric-mean time if it beats the shipped config by > 1%; tuning.json format); prints a
+with the best geometric-mean time if it beats the portable kernel by > 1%, else the portable kernel; tuning.json format); prints a
 table last. Budget-guarded: what is left when it runs out is skipped and the results are still written.
 """
 
@@ -171,11 +171,13 @@ def main() -> None:
         gm = {n: math.exp(sum(math.log(r["ms"][n]) for r in rows) / len(rows)) for n in names}
         best = min(gm, key=gm.get)
         picks[f"D{D}-{'causal' if causal else 'full'}-{bk}"] = dict(best=best, geomean_ms=gm)
-        if best != "portable" and gm[best] < 0.99 * gm["portable"]:
-            base = {kk: vv for kk, vv in rows[0]["shipped"].items() if not kk.startswith("SM90")}
-            for dts in ("bf16", "fp16"):
-                match = dict(kernel="fwd", head_dim=D, causal=causal, seqlen=BUCKETS[bk], dtype=dts)
-                frag.append(dict(match=match, config=dict(base, **VARIANTS[best])))
+        if best != "portable" and gm[best] >= 0.99 * gm["portable"]:
+            best = "portable"  # within noise: keep the portable kernel
+        # every timed bucket gets an entry, so a bucket where the portable kernel wins drops the SM90 keys
+        base = {kk: vv for kk, vv in rows[0]["shipped"].items() if not kk.startswith("SM90")}
+        for dts in ("bf16", "fp16"):
+            match = dict(kernel="fwd", head_dim=D, causal=causal, seqlen=BUCKETS[bk], dtype=dts)
+            frag.append(dict(match=match, config=dict(base, **VARIANTS.get(best, {}))))
     res["picks"] = picks
     res["wall_s"] = time.time() - budget.t0
     (out_dir / "probe_fwd_sm90.json").write_text(json.dumps(res, indent=1, default=str))
