@@ -8,7 +8,8 @@ LSE vs an fp32 reference; a variant that fails anywhere is never timed or picked
 (2) Timing on the benchmark shapes (B*N = 16k tokens, H*D = 2048; D64/D128, N 1k-16k, causal and not):
 the shipped config, the SM90 variants, SDPA cuDNN and FA2 -- do_bench medians in one process.
 Writes OUTDIR/probe_fwd_sm90.json and OUTDIR/tuning_fragment.json (per seqlen bucket, the SM90 variant
-with the best geometric-mean time if it beats the portable kernel by > 1%, else the portable kernel; tuning.json format); prints a
+with the best geometric-mean time if it beats the portable kernel by > 1%, else the portable kernel;
+tuning.json format); prints a
 table last. Budget-guarded: what is left when it runs out is skipped and the results are still written.
 """
 
@@ -107,7 +108,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir")
     ap.add_argument("--budget", type=float, default=180.0)
-    ap.add_argument("--check", default="full", choices=("full", "none"), help="none: time only (variants checked before)")
+    ap.add_argument(
+        "--check", default="full", choices=("full", "none"), help="none: time only (variants checked before)"
+    )
     args = ap.parse_args()
     out_dir = Path(args.outdir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -115,7 +118,9 @@ def main() -> None:
     import triton
 
     p = torch.cuda.get_device_properties(0)
-    res = dict(env=dict(gpu=p.name, torch=torch.__version__, triton=triton.__version__), correctness={}, fwd=[], skipped=[])
+    res = dict(
+        env=dict(gpu=p.name, torch=torch.__version__, triton=triton.__version__), correctness={}, fwd=[], skipped=[]
+    )
     dev = torch.device("cuda")
     ok = {}
     for D in (128, 64) if args.check == "full" else ():
@@ -129,7 +134,9 @@ def main() -> None:
                     good, errs = False, [repr(e)[:300]]
                 res["correctness"][f"D{D} {str(dt)[6:]} {name}"] = dict(ok=good, errs=errs)
                 ok[(D, name)] = ok.get((D, name), True) and good
-                print(f"[{time.time() - budget.t0:5.1f}s] check D{D} {dt} {name}: {'ok' if good else 'BAD'}", flush=True)
+                print(
+                    f"[{time.time() - budget.t0:5.1f}s] check D{D} {dt} {name}: {'ok' if good else 'BAD'}", flush=True
+                )
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     for D in (128, 64):
@@ -146,14 +153,15 @@ def main() -> None:
                 for an, be in (("cudnn", SDPBackend.CUDNN_ATTENTION),):  # FA2: the benchmark suite
                     try:
                         with sdpa_kernel(be):
-                            row["ms"][an] = time_ms(lambda: Fn.scaled_dot_product_attention(q, k, v, is_causal=causal))
+                            sd = lambda: Fn.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: B023
+                            row["ms"][an] = time_ms(sd)  # noqa: B023
                     except RuntimeError as e:
                         res["skipped"].append(f"{an} D{D} N{N}: {str(e)[:80]}")
                 base = {kk: vv for kk, vv in shipped.items() if not kk.startswith("SM90")}
-                row["ms"]["portable"] = time_ms(lambda: run(base, q, k, v, causal, scale))
+                row["ms"]["portable"] = time_ms(lambda: run(base, q, k, v, causal, scale))  # noqa: B023
                 for name, over in VARIANTS.items():
                     if D in DIMS.get(name, (64, 128)) and ok.get((D, name), args.check == "none"):
-                        row["ms"][name] = time_ms(lambda o=over: run(dict(base, **o), q, k, v, causal, scale))
+                        row["ms"][name] = time_ms(lambda o=over: run(dict(base, **o), q, k, v, causal, scale))  # noqa: B023
                 flops = 4 * B * H * N * N * D * (0.5 if causal else 1.0)
                 row["tflops"] = {n: flops / (ms * 1e-3) / 1e12 for n, ms in row["ms"].items()}
                 res["fwd"].append(row)
@@ -185,7 +193,10 @@ def main() -> None:
     print("\n== correctness ==")
     for k_, v_ in res["correctness"].items():
         worst = max((e["out"] for e in v_["errs"] if isinstance(e, dict)), default=float("nan"))
-        print(f"  {'ok ' if v_['ok'] else 'BAD'} {k_}: worst out rel err {worst:.2e}" + ("" if v_["ok"] else f" {v_['errs'][:2]}"))
+        print(
+            f"  {'ok ' if v_['ok'] else 'BAD'} {k_}: worst out rel err {worst:.2e}"
+            + ("" if v_["ok"] else f" {v_['errs'][:2]}")
+        )
     print("\n== forward TFLOP/s (ratio vs cuDNN) ==")
     for row in res["fwd"]:
         c = row["ms"].get("cudnn")

@@ -555,7 +555,9 @@ def test_gpu_sm90_forward_matches_fp32(B, H, Hkv, nq, nk, bnhd, tiles, D, dtype)
         k, v = (rand(B, Hkv, nk, D, dtype=dtype, device="cuda") for _ in range(2))
     assert _fwd_sm90.eligible(q, k, v)
     bn, stages, cons = tiles
-    cfg = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, SM90=1, SM90_BLOCK_N=bn, SM90_STAGES=stages, SM90_CONS=cons)
+    cfg = dict(
+        BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, SM90=1, SM90_BLOCK_N=bn, SM90_STAGES=stages, SM90_CONS=cons
+    )
     for causal in (False, True):
         out, lse = torch.full_like(q, float("nan")), torch.full((B, H, nq), float("nan"), device="cuda")
         F._fwd_launch(q, k, v, out, lse, causal, D**-0.5, cfg)
@@ -575,3 +577,50 @@ def test_sm90_eligibility_rules():
         assert _fwd_sm90.eligible(g, g, g)
         assert not _fwd_sm90.eligible(g[..., :96], g[..., :96], g[..., :96])  # D 96 is not built
         assert not _fwd_sm90.eligible(g.float(), g.float(), g.float())
+
+
+@pytest.mark.parametrize(
+    "D,bn,stages,cons,causal,max_spill",
+    [(128, 128, 3, 2, False, 0), (128, 128, 3, 2, True, 0), (64, 128, 4, 2, True, 0), (64, 128, 4, 3, False, 32)],
+)
+def test_sm90_kernel_compiles_offline_without_spills(D, bn, stages, cons, causal, max_spill):
+    """No GPU needed: the Gluon forward compiles for sm_90a with Triton's own ptxas, within the shared memory
+    of one H200 CTA and without register spills (the shipped configurations; the three-consumer D64 one,
+    at 160 registers a warpgroup, spills 16 bytes)."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from flashattn_triton.ops import _fwd_sm90
+
+    if not _fwd_sm90.HAS_GLUON:
+        pytest.skip(f"the Gluon forward targets Triton 3.6 (this is {triton.__version__}); tests_matrix covers 3.6")
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    def desc(rows):
+        layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gl.bfloat16)
+        return f"tensordesc<bf16[1, 1, {rows}, {D}],{layout!r}>"
+
+    sig = {"desc_q": desc(64), "desc_k": desc(bn), "desc_v": desc(bn), "O": "*bf16", "LSE": "*fp32"}
+    sig.update({n: "i64" for n in ("sob", "soh", "som", "slb", "slh")})
+    sig.update({n: "i32" for n in ("H", "GROUP", "Nq", "Nk", "NUM_M", "n_tiles")})
+    sig["qk_scale"] = "fp32"
+    const = dict(
+        HEAD_DIM=D, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, NUM_CONS=cons, CONS_REGS=240 if cons == 2 else 160
+    )
+    sig.update({n: "constexpr" for n in const})
+    src = GluonASTSource(_fwd_sm90._attn_fwd_sm90_kernel, sig, const)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    assert k.metadata.shared <= 232448  # one CTA per SM on the H200
+    ptx = k.asm["ptx"]
+    assert "setmaxnreg" in ptx and "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.ptx"
+        path.write_text(ptx)
+        cmd = [get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", str(path), "-o", str(Path(tmp) / "k.o")]
+        err = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    assert int(re.search(r"(\d+) bytes spill stores", err).group(1)) <= max_spill, err

@@ -15,7 +15,7 @@ be issued before the softmax (Triton's pipeliner waits on it). This kernel is or
 Semantics match ``_attn_fwd_kernel`` exactly (base-2 online softmax, bottom-right causal, rows
 that see no key give 0 / LSE -inf). K/V tiles past Nk are zero-filled by the rank-4 TMA
 descriptors (per head, never the next head's rows) and masked to -inf in the scores.
-Only dense (B, H, N, D) inputs with D in {64, 128}, fp16/bf16 and TMA-compatible strides take it;
+Only dense (B, H, N, D) inputs with D in {64, 128}, fp16/bf16 and TMA-compatible strides take it, on Triton 3.6;
 ``eligible`` says so and the caller falls back to the portable kernel otherwise.
 """
 
@@ -30,7 +30,9 @@ try:  # Gluon ships with Triton >= 3.5; without it this kernel is simply never c
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    HAS_GLUON = True
+    # Gluon is experimental and its API moves between releases (3.9 dropped thread_barrier): the kernel is
+    # written against, and measured with, Triton 3.6; other versions keep the portable kernel.
+    HAS_GLUON = triton.__version__.startswith("3.6.")
 except ImportError:  # pragma: no cover - exercised only on old Triton
     HAS_GLUON = False
 
@@ -144,8 +146,12 @@ if HAS_GLUON:
                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                   NUM_CONS: gl.constexpr, WG: gl.constexpr):  # fmt: skip
         dtype: gl.constexpr = q_smem.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+        )
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
+        )
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         q = q_smem.index(WG).reshape([_WG_M, HEAD_DIM])
@@ -249,15 +255,101 @@ if HAS_GLUON:
         if NUM_CONS == 2:
             gl.warp_specialize(
                 [
-                    (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, O, LSE, sob,
-                                 soh, som, slb, slh, n_tiles, NUM_M, H, GROUP, Nq, Nk, qk_scale, HEAD_DIM, BLOCK_N,
-                                 STAGES, CAUSAL, NUM_CONS, 0)),
-                    (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, O, LSE, sob,
-                                 soh, som, slb, slh, n_tiles, NUM_M, H, GROUP, Nq, Nk, qk_scale, HEAD_DIM, BLOCK_N,
-                                 STAGES, CAUSAL, NUM_CONS, 1)),
-                    (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar,
-                                 k_empty, v_empty, n_tiles, NUM_M, H, GROUP, Nq, Nk, NUM_CONS, STAGES, BLOCK_N,
-                                 CAUSAL)),
+                    (
+                        _consumer,
+                        (
+                            q_smem,
+                            k_smem,
+                            v_smem,
+                            q_bar,
+                            q_empty,
+                            k_bar,
+                            v_bar,
+                            k_empty,
+                            v_empty,
+                            O,
+                            LSE,
+                            sob,
+                            soh,
+                            som,
+                            slb,
+                            slh,
+                            n_tiles,
+                            NUM_M,
+                            H,
+                            GROUP,
+                            Nq,
+                            Nk,
+                            qk_scale,
+                            HEAD_DIM,
+                            BLOCK_N,
+                            STAGES,
+                            CAUSAL,
+                            NUM_CONS,
+                            0,
+                        ),
+                    ),
+                    (
+                        _consumer,
+                        (
+                            q_smem,
+                            k_smem,
+                            v_smem,
+                            q_bar,
+                            q_empty,
+                            k_bar,
+                            v_bar,
+                            k_empty,
+                            v_empty,
+                            O,
+                            LSE,
+                            sob,
+                            soh,
+                            som,
+                            slb,
+                            slh,
+                            n_tiles,
+                            NUM_M,
+                            H,
+                            GROUP,
+                            Nq,
+                            Nk,
+                            qk_scale,
+                            HEAD_DIM,
+                            BLOCK_N,
+                            STAGES,
+                            CAUSAL,
+                            NUM_CONS,
+                            1,
+                        ),
+                    ),
+                    (
+                        _producer,
+                        (
+                            desc_q,
+                            desc_k,
+                            desc_v,
+                            q_smem,
+                            k_smem,
+                            v_smem,
+                            q_bar,
+                            q_empty,
+                            k_bar,
+                            v_bar,
+                            k_empty,
+                            v_empty,
+                            n_tiles,
+                            NUM_M,
+                            H,
+                            GROUP,
+                            Nq,
+                            Nk,
+                            NUM_CONS,
+                            STAGES,
+                            BLOCK_N,
+                            CAUSAL,
+                        ),
+                    ),
                 ],
                 [4, 1],
                 [CONS_REGS, 24],

@@ -28,8 +28,8 @@ try:  # host-side TMA descriptors (Triton >= 3.4); without them decode/backward 
 except ImportError:  # pragma: no cover
     _TensorDescriptor = None
 
-from . import _fwd_sm90
 from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend, use_registered_op
+from . import _fwd_sm90
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
