@@ -81,8 +81,12 @@ def tests(session: nox.Session) -> None:
 @nox.session
 @nox.parametrize("torch,triton,numpy", MATRIX, ids=[f"torch{t}-triton{tr}" for t, tr, _ in MATRIX])
 def tests_matrix(session: nox.Session, torch: str, triton: str, numpy: str) -> None:
-    """The CPU suite over a torch x Triton matrix."""
+    """The CPU suite over a torch x Triton matrix; then the offline sm_90a compile checks of the Gluon
+    kernels (they skip on Triton versions the kernels do not target, and under the interpreter)."""
     _cpu_tests(session, torch, triton, numpy)
+    if not session.posargs:
+        kernels = ["packages/flashattn-triton/tests", "packages/int8-gemm/tests"]
+        session.run("python", "-m", "pytest", "-q", "-k", "offline", *kernels, env={"TRITON_INTERPRET": "0"})
 
 
 @nox.session

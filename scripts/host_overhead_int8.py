@@ -9,7 +9,7 @@ CUDA ones; allocation of a CPU tensor costs about what the CUDA caching allocato
 
 --triton: stub at the lowest level instead. Triton's runtime runs for real (JITFunction.run:
 binding, specialization, cache key, TensorDescriptor handling, or our direct launch of the cached
-kernel, ops/_direct.py) against a fake CUDA driver; only compilation (a fake CompiledKernel) and
+kernel, llmk_common/direct.py) against a fake CUDA driver; only compilation (a fake CompiledKernel) and
 the C launcher (a no-op ``run``) are stubbed. --no-direct: INT8_GEMM_DIRECT_LAUNCH=0.
 Run it with the GPU machine's Triton first on PYTHONPATH (PYTHONPATH=/work/tri36) to match it.
 """
@@ -141,11 +141,11 @@ def main() -> None:
     ap.add_argument("--no-direct", action="store_true", help="with --triton: the normal kernel[grid] path")
     args = ap.parse_args()
     if args.no_direct:
-        from int8_gemm.ops import _direct
+        from int8_gemm._common import direct as _direct
 
         _direct.ENABLED = False
     elif args.triton:
-        from int8_gemm.ops import _direct
+        from int8_gemm._common import direct as _direct
 
         _direct.ENABLED = True
     stub(args.dispatcher, args.triton)

@@ -40,8 +40,16 @@ VARIANTS = {  # name -> SM90 config keys (C3 = three consumer warpgroups, np = o
     "p128s4": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4),
     "np128s4": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_PERSIST=0),
     "p3c128s4": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_CONS=3),
+    # causal: heads in groups of G, longest row blocks of the group first (SM90_LPT)
+    "np128s3g8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_PERSIST=0, SM90_LPT=8),
+    "np128s3g32": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_PERSIST=0, SM90_LPT=32),
+    "p128s3g8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_LPT=8),
+    "np128s4g8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_PERSIST=0, SM90_LPT=8),
+    "np128s4g32": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_PERSIST=0, SM90_LPT=32),
 }
 DIMS = {"p3c64s4": (128,), "p128s4": (64,), "np128s4": (64,), "p3c128s4": (64,)}  # D128: shared memory
+DIMS.update({"np128s4g8": (64,), "np128s4g32": (64,)})
+CAUSAL_ONLY = {n for n, c in VARIANTS.items() if c.get("SM90_LPT")}  # the order only changes causal tiles
 # (B, H, Hkv, Nq, Nk, bnhd): ragged, Nq < Nk, Nq > Nk (rows with no key when causal), GQA, BNHD view, tiny
 CHECK_SHAPES = [
     (1, 3, 3, 77, 300, False),
@@ -109,7 +117,10 @@ def main() -> None:
     ap.add_argument("outdir")
     ap.add_argument("--budget", type=float, default=180.0)
     ap.add_argument(
-        "--check", default="full", choices=("full", "none"), help="none: time only (variants checked before)"
+        "--check",
+        default="full",
+        choices=("full", "lpt", "none"),
+        help="none: time only (variants checked before); lpt: check only the SM90_LPT variants",
     )
     args = ap.parse_args()
     out_dir = Path(args.outdir)
@@ -123,10 +134,10 @@ def main() -> None:
     )
     dev = torch.device("cuda")
     ok = {}
-    for D in (128, 64) if args.check == "full" else ():
+    for D in (128, 64) if args.check != "none" else ():
         for dt in (torch.bfloat16,):  # fp16: the GPU tests
             for name, cfg in VARIANTS.items():
-                if D not in DIMS.get(name, (64, 128)):
+                if D not in DIMS.get(name, (64, 128)) or (args.check == "lpt" and name not in CAUSAL_ONLY):
                     continue
                 try:
                     good, errs = check(cfg, dt, D)
@@ -160,7 +171,10 @@ def main() -> None:
                 base = {kk: vv for kk, vv in shipped.items() if not kk.startswith("SM90")}
                 row["ms"]["portable"] = time_ms(lambda: run(base, q, k, v, causal, scale))  # noqa: B023
                 for name, over in VARIANTS.items():
-                    if D in DIMS.get(name, (64, 128)) and ok.get((D, name), args.check == "none"):
+                    if name in CAUSAL_ONLY and not causal:
+                        continue
+                    checked_before = args.check == "none" or (args.check == "lpt" and name not in CAUSAL_ONLY)
+                    if D in DIMS.get(name, (64, 128)) and ok.get((D, name), checked_before):
                         row["ms"][name] = time_ms(lambda o=over: run(dict(base, **o), q, k, v, causal, scale))  # noqa: B023
                 flops = 4 * B * H * N * N * D * (0.5 if causal else 1.0)
                 row["tflops"] = {n: flops / (ms * 1e-3) / 1e12 for n, ms in row["ms"].items()}

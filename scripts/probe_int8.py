@@ -8,7 +8,7 @@ Phases (budget-guarded; results are written whatever is left undone):
 2. host overhead at 2048^3: public API vs direct launch under plain do_bench, the kernel under
    CUDA-graph replay (pure GPU time), and host microseconds per call (enqueue rate, no sync) of
    int8_gemm_dequant_fwd and Int8Linear.forward, each with the cached-kernel direct launch
-   (ops/_direct.py) on and off.
+   (llmk_common/direct.py) on and off.
 3. per shape group, in priority order:
    gemv  decode M in {1, 16} x the LLM (N, K): bf16 F.linear, the shipped table path end to end
          (Int8Linear.forward, "module") and its GEMM alone, and per GEMV candidate (GEMV_CANDS,
@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "packages" / "int8-gemm" / "src"))
 
 import int8_gemm  # noqa: E402
-from int8_gemm.ops import _direct  # noqa: E402
+from int8_gemm._common import direct as _direct  # noqa: E402
 from int8_gemm.ops import gemm as G  # noqa: E402
 from int8_gemm.ops import quantize as Q  # noqa: E402
 

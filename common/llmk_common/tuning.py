@@ -19,12 +19,19 @@ from typing import Any
 
 import torch
 
+_ARCH: dict[int, str] = {}
+
 
 def arch_key(device: torch.device | None) -> str:
     if device is None or device.type != "cuda":
         return "cpu"
-    major, minor = torch.cuda.get_device_capability(device)
-    return f"sm{major}{minor}"
+    # cached per device index: get_device_capability costs microseconds on every op call
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    key = _ARCH.get(i)
+    if key is None:
+        major, minor = torch.cuda.get_device_capability(i)
+        key = _ARCH[i] = f"sm{major}{minor}"
+    return key
 
 
 def _arch_num(key: str) -> int:

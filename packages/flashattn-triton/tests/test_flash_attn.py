@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import warnings
 from pathlib import Path
 
@@ -565,6 +566,13 @@ def test_gpu_sm90_forward_matches_fp32(B, H, Hkv, nq, nk, bnhd, tiles, D, dtype)
         assert torch.isfinite(out).all()
         assert _rel(out, want) < (2e-2 if dtype == torch.bfloat16 else 5e-3)
         _close_lse(lse, want_lse, 1e-3)
+        # the plan's later calls launch the captured kernel directly (with Desc stand-ins): same bits
+        out2, lse2 = torch.full_like(q, float("nan")), torch.full((B, H, nq), float("nan"), device="cuda")
+        F._fwd_launch(q, k, v, out2, lse2, causal, D**-0.5, cfg)
+        assert torch.equal(out2, out) and torch.equal(lse2, lse)
+    if _fwd_sm90.direct.ENABLED:
+        # no plan fell back to kernel[grid] for good (a failed first direct launch turns it off)
+        assert not [p.dl.error for p in _fwd_sm90._PLANS.values() if p.dl.state == -1]
 
 
 def test_sm90_eligibility_rules():
@@ -577,6 +585,94 @@ def test_sm90_eligibility_rules():
         assert _fwd_sm90.eligible(g, g, g)
         assert not _fwd_sm90.eligible(g[..., :96], g[..., :96], g[..., :96])  # D 96 is not built
         assert not _fwd_sm90.eligible(g.float(), g.float(), g.float())
+
+
+def test_sm90_launch_plan_direct_args(monkeypatch):
+    """No GPU needed: the SM90 launch plan's first call goes through ``kernel[grid]`` with real tensor
+    descriptors; later calls launch the captured kernel directly with ``Desc`` stand-ins carrying the same
+    base/shape/strides, the same scalars and the constexpr tail in signature order, on the same grid."""
+    from flashattn_triton.ops import _fwd_sm90
+
+    calls = {"normal": [], "direct": []}
+
+    class FakeCompiled:
+        function, packed_metadata = 5, ("md",)
+
+        def run(self, *a):
+            calls["direct"].append(a)
+
+    class FakeKernel:
+        def __init__(self):
+            def fn(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, slb, slh, H, GROUP, Nq, Nk, NUM_M, n_tiles,
+                   lpt_g, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, CONS_REGS):  # fmt: skip
+                pass
+
+            self.fn = fn
+
+        def __getitem__(self, grid):
+            def go(*args, **kw):
+                calls["normal"].append((grid, args, kw))
+                return FakeCompiled()
+
+            return go
+
+    class FakeDesc:
+        def __init__(self, base, shape, strides, block, layout):
+            self.base, self.shape, self.strides, self.block, self.layout = base, shape, strides, block, layout
+
+    class FakeGl:
+        float16, bfloat16 = "fp16", "bf16"
+
+        class NVMMASharedLayout:
+            @staticmethod
+            def get_default_for(block, dt):
+                return ("layout", tuple(block), dt)
+
+    props = type("P", (), {"multi_processor_count": 132})()
+    monkeypatch.setattr(_fwd_sm90, "_attn_fwd_sm90_kernel", FakeKernel(), raising=False)
+    monkeypatch.setattr(_fwd_sm90, "TensorDescriptor", FakeDesc, raising=False)
+    monkeypatch.setattr(_fwd_sm90, "gl", FakeGl, raising=False)
+    monkeypatch.setattr(_fwd_sm90.direct, "ENABLED", True)
+    chain = type("HookChain", (), {"calls": []})  # Triton's launch hook chains, empty (no profiler)
+    hooks = type("R", (), {"launch_enter_hook": chain(), "launch_exit_hook": chain()})
+    monkeypatch.setattr(_fwd_sm90.direct, "_knobs", type("K", (), {"runtime": hooks}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: props)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 77, raising=False)
+    monkeypatch.setattr(_fwd_sm90, "_PLANS", {})
+    B, H, Hkv, N, D = 2, 4, 2, 300, 128
+    q = torch.zeros(B, N, H, D, dtype=torch.bfloat16).transpose(1, 2)  # a BNHD view
+    k, v = (torch.zeros(B, Hkv, N, D, dtype=torch.bfloat16) for _ in range(2))
+    out, lse = torch.empty_like(q), torch.empty(B, H, N)
+    # SM90_LPT 3 -> head groups of 2: the largest size <= 3 that divides B * H = 8
+    cfg = {"SM90": 1, "SM90_BLOCK_N": 128, "SM90_CONS": 2, "SM90_STAGES": 3, "SM90_PERSIST": 1, "SM90_LPT": 3}
+    for _ in range(3):
+        _fwd_sm90.launch(q, k, v, out, lse, True, 0.125, cfg)
+    assert len(calls["normal"]) == 1 and len(calls["direct"]) == 2
+    grid, nargs, kw = calls["normal"][0]
+    num_m = -(-N // 128)
+    assert grid == (min(132, num_m * B * H),)
+    assert [d.block for d in nargs[:3]] == [[1, 1, 64, D], [1, 1, 128, D], [1, 1, 128, D]]
+    assert kw == dict(HEAD_DIM=D, BLOCK_N=128, STAGES=3, CAUSAL=True, NUM_CONS=2, CONS_REGS=240, num_warps=4)
+    d = calls["direct"][0]
+    assert d[:7] == (grid[0], 1, 1, 77, 5, ("md",), None)
+    dargs = d[9:]
+    for nd, dd in zip(nargs[:3], dargs[:3]):
+        assert dd.base is nd.base and list(dd.shape) == list(nd.shape) and list(dd.strides) == list(nd.strides)
+        assert dd.padding == "zero"
+    assert dargs[3] is out and dargs[4] is lse and dargs[5:18] == nargs[5:]
+    assert dargs[5:10] == (*out.stride()[:3], *lse.stride()[:2])
+    assert dargs[10:17] == (H, H // Hkv, N, N, num_m, num_m * B * H, 2)
+    assert abs(dargs[17] - 0.125 * 1.4426950408889634) < 1e-12
+    assert dargs[18:] == (D, 128, 3, True, 2, 240)  # the constexpr tail
+    # another shape is another plan: normal launch first again
+    q2 = torch.zeros(B, H, N + 1, D, dtype=torch.bfloat16)
+    _fwd_sm90.launch(q2, k, v, torch.empty_like(q2), torch.empty(B, H, N + 1), False, 0.125, cfg)
+    assert len(calls["normal"]) == 2
+    assert calls["normal"][1][1][16] == 0  # head-group order only for causal
+    assert [_fwd_sm90._lpt_group(bh, w) for bh, w in ((256, 8), (6, 4), (7, 4), (5, 0), (2, 16))] == [8, 3, 1, 0, 2]
 
 
 @pytest.mark.parametrize(
@@ -596,6 +692,8 @@ def test_sm90_kernel_compiles_offline_without_spills(D, bn, stages, cons, causal
 
     if not _fwd_sm90.HAS_GLUON:
         pytest.skip(f"the Gluon forward targets Triton 3.6 (this is {triton.__version__}); tests_matrix covers 3.6")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        pytest.skip("TRITON_INTERPRET=1 turns the kernel into interpreted functions: compile with TRITON_INTERPRET=0")
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.experimental.gluon import language as gl
@@ -607,7 +705,7 @@ def test_sm90_kernel_compiles_offline_without_spills(D, bn, stages, cons, causal
 
     sig = {"desc_q": desc(64), "desc_k": desc(bn), "desc_v": desc(bn), "O": "*bf16", "LSE": "*fp32"}
     sig.update({n: "i64" for n in ("sob", "soh", "som", "slb", "slh")})
-    sig.update({n: "i32" for n in ("H", "GROUP", "Nq", "Nk", "NUM_M", "n_tiles")})
+    sig.update({n: "i32" for n in ("H", "GROUP", "Nq", "Nk", "NUM_M", "n_tiles", "lpt_g")})
     sig["qk_scale"] = "fp32"
     const = dict(
         HEAD_DIM=D, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, NUM_CONS=cons, CONS_REGS=240 if cons == 2 else 160

@@ -416,7 +416,7 @@ def test_prefetch_and_pdl_gpu(M, N, K, split_k):
 
 
 # ----------------------------------------------------------------------------------------------
-# Direct launch of the cached compiled kernel (ops/_direct.py)
+# Direct launch of the cached compiled kernel (llmk_common/direct.py)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -456,7 +456,7 @@ class _FakeJit:
 def test_direct_launch_state_machine(fail, monkeypatch):
     """First call normal + capture; then direct (constexpr tail in signature order, 3-D grid), or on a
     failing first direct launch the normal path for good; a different alignment key goes normal."""
-    from int8_gemm.ops import _direct
+    from int8_gemm._common import direct as _direct
 
     monkeypatch.setattr(_direct, "ENABLED", True)
     monkeypatch.setattr(
@@ -514,7 +514,7 @@ def _direct_cases():
 @pytest.mark.parametrize("case", list(_direct_cases()))
 def test_direct_launch_matches_normal_gpu(case, monkeypatch):
     """Direct and normal launch give bit-identical outputs (eager, misaligned operand, CUDA graph)."""
-    from int8_gemm.ops import _direct
+    from int8_gemm._common import direct as _direct
     from int8_gemm.ops import quantize as qmod
 
     M, N, K, cfg = _direct_cases()[case]

@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 import triton
 
+from .._common import direct
+
 try:  # Gluon ships with Triton >= 3.5; without it this kernel is simply never chosen
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -45,7 +47,7 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     HEAD_DIMS, unit last stride, 16-byte aligned base and outer strides (TMA's rules)."""
     if not HAS_GLUON or q.device.type != "cuda" or q.dim() != 4:
         return False
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
+    if _capability(q.device) != (9, 0):
         return False
     if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in HEAD_DIMS:
         return False
@@ -61,14 +63,24 @@ if HAS_GLUON:
     _WG_M = gl.constexpr(WG_M)
 
     @gluon.jit
-    def _tile(t, NUM_M, H, GROUP, Nq, Nk, NUM_CONS: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    def _tile(t, lpt_g, NUM_M, H, GROUP, Nq, Nk, NUM_CONS: gl.constexpr, BLOCK_N: gl.constexpr,
+              CAUSAL: gl.constexpr):  # fmt: skip
         """Tile t -> (b, h, kv head, first row, unmasked key blocks, key blocks). Heads outermost so the CTAs
-        running at once share K/V in L2; causal tiles of a head go longest rows first (tail balance)."""
+        running at once share K/V in L2; causal tiles of a head go longest rows first (tail balance).
+        lpt_g > 0 (causal; divides B*H): heads in groups of lpt_g and, within a group, every head's longest
+        row block before any shorter one, so the last tiles handed out are short ones (longest processing
+        time first) while the K/V of only lpt_g heads is live in L2."""
         BLOCK_M: gl.constexpr = NUM_CONS * _WG_M
         pid_bh = t // NUM_M
         pid_m = t % NUM_M
         if CAUSAL:
-            pid_m = NUM_M - 1 - pid_m
+            if lpt_g > 0:
+                per_group = lpt_g * NUM_M
+                r = t % per_group
+                pid_bh = (t // per_group) * lpt_g + r % lpt_g
+                pid_m = NUM_M - 1 - r // lpt_g
+            else:
+                pid_m = NUM_M - 1 - pid_m
         b = pid_bh // H
         h = pid_bh % H
         start_m = pid_m * BLOCK_M
@@ -87,12 +99,12 @@ if HAS_GLUON:
 
     @gluon.jit
     def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty,
-                  n_tiles, NUM_M, H, GROUP, Nq, Nk, NUM_CONS: gl.constexpr, STAGES: gl.constexpr,
+                  n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, NUM_CONS: gl.constexpr, STAGES: gl.constexpr,
                   BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):  # fmt: skip
         it = 0  # key blocks loaded so far by this CTA: ring slot and phase run on across tiles
         tc = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            b, h, hk, start_m, n_full, n_blocks = _tile(t, NUM_M, H, GROUP, Nq, Nk, NUM_CONS, BLOCK_N, CAUSAL)
+            b, h, hk, start_m, n_full, n_blocks = _tile(t, lpt_g, NUM_M, H, GROUP, Nq, Nk, NUM_CONS, BLOCK_N, CAUSAL)
             # a fresh barrier completes parity 1 at once, so first uses of q_empty / the ring never wait
             mbarrier.wait(q_empty, (tc & 1) ^ 1)
             mbarrier.expect(q_bar, NUM_CONS * desc_q.block_type.nbytes)
@@ -142,7 +154,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, O, LSE,
-                  sob, soh, som, slb, slh, n_tiles, NUM_M, H, GROUP, Nq, Nk, qk_scale,
+                  sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                   NUM_CONS: gl.constexpr, WG: gl.constexpr):  # fmt: skip
         dtype: gl.constexpr = q_smem.dtype
@@ -160,7 +172,7 @@ if HAS_GLUON:
         it = 0  # key blocks consumed so far: the producer's ring position
         tc = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            b, h, hk, start_m, n_full, n_blocks = _tile(t, NUM_M, H, GROUP, Nq, Nk, NUM_CONS, BLOCK_N, CAUSAL)
+            b, h, hk, start_m, n_full, n_blocks = _tile(t, lpt_g, NUM_M, H, GROUP, Nq, Nk, NUM_CONS, BLOCK_N, CAUSAL)
             row0 = start_m + WG * _WG_M
             row = row0 + gl.arange(0, _WG_M, layout=row_s)
             m_i = gl.full([_WG_M], float("-inf"), gl.float32, layout=row_s)
@@ -230,7 +242,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _attn_fwd_sm90_kernel(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, slb, slh, H, GROUP, Nq, Nk, NUM_M,
-                              n_tiles, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                              n_tiles, lpt_g, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                               STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr,
                               CONS_REGS: gl.constexpr):  # fmt: skip
         # persistent: each CTA walks tiles pid, pid + grid, ...; the producer runs ahead into the next tile
@@ -275,6 +287,7 @@ if HAS_GLUON:
                             slb,
                             slh,
                             n_tiles,
+                            lpt_g,
                             NUM_M,
                             H,
                             GROUP,
@@ -309,6 +322,7 @@ if HAS_GLUON:
                             slb,
                             slh,
                             n_tiles,
+                            lpt_g,
                             NUM_M,
                             H,
                             GROUP,
@@ -339,6 +353,7 @@ if HAS_GLUON:
                             k_empty,
                             v_empty,
                             n_tiles,
+                            lpt_g,
                             NUM_M,
                             H,
                             GROUP,
@@ -358,16 +373,16 @@ if HAS_GLUON:
             gl.warp_specialize(
                 [
                     (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, O, LSE, sob,
-                                 soh, som, slb, slh, n_tiles, NUM_M, H, GROUP, Nq, Nk, qk_scale, HEAD_DIM, BLOCK_N,
-                                 STAGES, CAUSAL, NUM_CONS, 0)),
+                                 soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale, HEAD_DIM,
+                                 BLOCK_N, STAGES, CAUSAL, NUM_CONS, 0)),
                     (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, O, LSE, sob,
-                                 soh, som, slb, slh, n_tiles, NUM_M, H, GROUP, Nq, Nk, qk_scale, HEAD_DIM, BLOCK_N,
-                                 STAGES, CAUSAL, NUM_CONS, 1)),
+                                 soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale, HEAD_DIM,
+                                 BLOCK_N, STAGES, CAUSAL, NUM_CONS, 1)),
                     (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, O, LSE, sob,
-                                 soh, som, slb, slh, n_tiles, NUM_M, H, GROUP, Nq, Nk, qk_scale, HEAD_DIM, BLOCK_N,
-                                 STAGES, CAUSAL, NUM_CONS, 2)),
+                                 soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale, HEAD_DIM,
+                                 BLOCK_N, STAGES, CAUSAL, NUM_CONS, 2)),
                     (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar,
-                                 k_empty, v_empty, n_tiles, NUM_M, H, GROUP, Nq, Nk, NUM_CONS, STAGES, BLOCK_N,
+                                 k_empty, v_empty, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, NUM_CONS, STAGES, BLOCK_N,
                                  CAUSAL)),
                 ],
                 [4, 4, 1],
@@ -375,10 +390,60 @@ if HAS_GLUON:
             )  # fmt: skip
 
 
-def _desc(t: torch.Tensor, rows: int):
-    block = [1, 1, rows, t.shape[-1]]
-    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float16 if t.dtype == torch.float16 else gl.bfloat16)
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+_CAP: dict[int, tuple[int, int]] = {}
+
+
+def _capability(dev: torch.device) -> tuple[int, int]:
+    i = dev.index if dev.index is not None else torch.cuda.current_device()
+    if i not in _CAP:
+        _CAP[i] = torch.cuda.get_device_capability(i)
+    return _CAP[i]
+
+
+class _Plan:
+    """Everything about one launch that the shapes, strides, dtype and config pin: grid, constexprs,
+    descriptor block shapes and layouts, and the direct-launch state (``_common/direct.py``). Through
+    ``kernel[grid]`` a call of this kernel cost more host time than a 1k-token forward's GPU time
+    (session 5: >= 0.35 ms per call in the eager benchmark vs 0.21-0.31 ms of kernel)."""
+
+    __slots__ = ("grid", "kw", "blocks", "layouts", "ints", "dl")
+
+    def __init__(self, q, k, causal: bool, cfg: dict) -> None:
+        B, H, Nq, D = q.shape
+        Hkv, Nk = k.shape[1], k.shape[2]
+        bn = cfg.get("SM90_BLOCK_N", 128)
+        cons = cfg.get("SM90_CONS", 2)
+        num_m = triton.cdiv(Nq, cons * WG_M)
+        n_tiles = num_m * B * H
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        self.grid = (min(n_tiles, sms) if cfg.get("SM90_PERSIST", 1) else n_tiles,)
+        self.ints = (H, H // Hkv, Nq, Nk, num_m, n_tiles, _lpt_group(B * H, cfg.get("SM90_LPT", 0)) if causal else 0)
+        gdt = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
+        self.blocks = ([1, 1, WG_M, D], [1, 1, bn, D], [1, 1, bn, D])
+        self.layouts = tuple(gl.NVMMASharedLayout.get_default_for(b, gdt) for b in self.blocks)
+        self.kw = dict(
+            HEAD_DIM=D,
+            BLOCK_N=bn,
+            STAGES=cfg.get("SM90_STAGES", 3),
+            CAUSAL=bool(causal),
+            NUM_CONS=cons,
+            # 512 registers per thread slot across the warpgroups; the default partition takes what is left
+            CONS_REGS=240 if cons == 2 else 160,
+            num_warps=4,
+        )
+        self.dl = direct.Direct()
+
+
+def _lpt_group(bh: int, want: int) -> int:
+    """The largest head-group size <= want that divides bh (0: plain head-major order)."""
+    g = min(int(want), bh)
+    while g > 1 and bh % g:
+        g -= 1
+    return g if want else 0
+
+
+_PLANS: dict[tuple, _Plan] = {}
+_CFG_KEYS = ("SM90_BLOCK_N", "SM90_CONS", "SM90_STAGES", "SM90_PERSIST", "SM90_LPT")
 
 
 def launch(q, k, v, out, lse, causal: bool, sm_scale: float, cfg: dict) -> None:
@@ -387,38 +452,23 @@ def launch(q, k, v, out, lse, causal: bool, sm_scale: float, cfg: dict) -> None:
     SM90_CONS (consumer warpgroups of 64 query rows: 2, or 3 with a smaller register budget each), SM90_PERSIST
     (1: one CTA per SM walking tiles, the producer running ahead into the next tile; 0: one CTA per tile, which
     the hardware hands out dynamically -- better balanced for causal tiles of unequal cost)."""
-    B, H, Nq, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
-    bn = cfg.get("SM90_BLOCK_N", 128)
-    cons = cfg.get("SM90_CONS", 2)
-    num_m = triton.cdiv(Nq, cons * WG_M)
-    n_tiles = num_m * B * H
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    grid = min(n_tiles, sms) if cfg.get("SM90_PERSIST", 1) else n_tiles
-    _attn_fwd_sm90_kernel[(grid,)](
-        _desc(q, WG_M),
-        _desc(k, bn),
-        _desc(v, bn),
-        out,
-        lse,
-        out.stride(0),
-        out.stride(1),
-        out.stride(2),
-        lse.stride(0),
-        lse.stride(1),
-        H,
-        H // Hkv,
-        Nq,
-        Nk,
-        num_m,
-        n_tiles,
-        sm_scale * 1.4426950408889634,
-        HEAD_DIM=D,
-        BLOCK_N=bn,
-        STAGES=cfg.get("SM90_STAGES", 3),
-        CAUSAL=bool(causal),
-        NUM_CONS=cons,
-        # 512 registers per thread slot across the warpgroups; the default partition takes what is left
-        CONS_REGS=240 if cons == 2 else 160,
-        num_warps=4,
-    )
+    key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), lse.stride(), q.dtype, q.device,
+           bool(causal), *(cfg.get(c) for c in _CFG_KEYS))  # fmt: skip
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _Plan(q, k, causal, cfg)
+    qs, ks, vs = list(q.shape), list(k.shape), list(v.shape)
+    qst, kst, vst = list(q.stride()), list(k.stride()), list(v.stride())
+    so, sl = out.stride(), lse.stride()
+    tail = (out, lse, so[0], so[1], so[2], sl[0], sl[1], *plan.ints, sm_scale * 1.4426950408889634)
+    bq, bk, bv = plan.blocks
+    lq, lk, lv = plan.layouts
+
+    def normal_args():
+        return (TensorDescriptor(q, qs, qst, bq, lq), TensorDescriptor(k, ks, kst, bk, lk),
+                TensorDescriptor(v, vs, vst, bv, lv), *tail)  # fmt: skip
+
+    # the launcher only reads base/shape/strides/padding; blocks and layouts are compiled into the plan's kernel
+    args = (direct.Desc(q, qs, qst), direct.Desc(k, ks, kst), direct.Desc(v, vs, vst), *tail)
+    align = (out.data_ptr() % 16 == 0, lse.data_ptr() % 16 == 0)
+    direct.launch(plan.dl, _attn_fwd_sm90_kernel, plan.grid, args, plan.kw, align, normal_args)

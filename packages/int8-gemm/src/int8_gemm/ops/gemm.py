@@ -43,7 +43,7 @@ except ImportError:  # pragma: no cover
     _TensorDescriptor = None
 
 from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend, use_registered_op
-from . import _direct
+from .._common import direct as _direct
 from .quantize import MIN_ABSMAX, _rne
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.int32)
@@ -941,7 +941,7 @@ class _Plan:
     __slots__ = ("kind", "grid", "kw", "split_k", "fused", "num_tiles", "tma", "reduce_grid", "cfg", "key", "dl", "dl2")
 
     def __init__(self) -> None:
-        self.dl = _direct.Direct()  # direct launch of the main kernel (ops/_direct.py)
+        self.dl = _direct.Direct()  # direct launch of the main kernel (_common/direct.py)
         self.dl2 = _direct.Direct()  # ... and of the split-K reduction kernel
 
 

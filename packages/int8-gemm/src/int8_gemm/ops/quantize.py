@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .._common import Backend, check_tensor, select_backend, use_registered_op
-from . import _direct
+from .._common import direct as _direct
 
 try:  # programmatic dependent launch (SM90+)
     from triton.language.extra.cuda import gdc_launch_dependents

@@ -12,7 +12,11 @@ exit_hook, *all_params)``, identical in Triton 3.6 to 3.9).
 Safety: the direct path is only used on CUDA (never under ``TRITON_INTERPRET``), only when the
 caller's alignment key and the current device match those of the captured launch and no launch
 hooks (profilers) are registered; otherwise, and permanently for the plan if the first direct
-launch raises, the normal ``kernel[grid]`` path runs. ``INT8_GEMM_DIRECT_LAUNCH=0`` turns it off.
+launch raises, the normal ``kernel[grid]`` path runs. ``LLMK_DIRECT_LAUNCH=0`` turns it off for every package
+(``INT8_GEMM_DIRECT_LAUNCH=0``, the older name, still does).
+
+Shared by int8-gemm (its GEMM and quantizer plans) and flashattn-triton (the SM90 Gluon forward, whose
+host-side tensor descriptors ride in the argument list as duck-typed objects, see ``Desc``).
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ except ImportError:  # pragma: no cover  (Triton < 3.4: direct launch off)
     _knobs = None
 
 ENABLED = (
-    os.environ.get("INT8_GEMM_DIRECT_LAUNCH", "1") not in ("0", "")
+    os.environ.get("LLMK_DIRECT_LAUNCH", "1") not in ("0", "")
+    and os.environ.get("INT8_GEMM_DIRECT_LAUNCH", "1") not in ("0", "")
     and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
     and _knobs is not None
 )
@@ -65,10 +70,11 @@ def _tail(fn, n_pos: int, kw: dict) -> tuple | None:
     return tuple(out)
 
 
-def launch(d: Direct, fn, grid: tuple, args: tuple, kw: dict, align: tuple) -> None:
+def launch(d: Direct, fn, grid: tuple, args: tuple, kw: dict, align: tuple, normal_args=None) -> None:
     """Launch ``fn[grid](*args, **kw)``; directly when ``d`` holds a captured kernel that fits.
     ``align``: the specialization-relevant facts the plan key does not pin (pointer alignment,
-    bias dtype), compared with the captured launch's on every call."""
+    bias dtype), compared with the captured launch's on every call. ``normal_args``: a callable
+    giving the arguments for the normal path when ``args`` only suit the launcher (``Desc``)."""
     st = d.state
     if st > 0 and ENABLED and align == d.align:
         dev = torch._C._cuda_getDevice()
@@ -88,7 +94,7 @@ def launch(d: Direct, fn, grid: tuple, args: tuple, kw: dict, align: tuple) -> N
             else:
                 d.state = _PROVEN
                 return
-    k = fn[grid](*args, **kw)
+    k = fn[grid](*(args if normal_args is None else normal_args()), **kw)
     if st == _UNSET and ENABLED:
         _capture(d, fn, k, grid, args, kw, align)
 
@@ -115,6 +121,17 @@ def _capture(d: Direct, fn, k, grid, args, kw, align) -> None:
     except Exception as e:  # noqa: BLE001  any surprise in Triton's internals: stay on the normal path
         d.state = _OFF
         d.error = f"{type(e).__name__}: {e}"
+
+
+class Desc:
+    """The fields Triton's launcher reads from a host ``TensorDescriptor`` (``base``, ``shape``,
+    ``strides``, ``padding``) to encode the TMA descriptor: direct launches pass this instead of
+    building and validating a TensorDescriptor per call (block shape and layout are compiled in)."""
+
+    __slots__ = ("base", "shape", "strides", "padding")
+
+    def __init__(self, base: torch.Tensor, shape, strides, padding: str = "zero") -> None:
+        self.base, self.shape, self.strides, self.padding = base, shape, strides, padding
 
 
 def al(t: torch.Tensor) -> bool:
