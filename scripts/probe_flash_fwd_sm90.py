@@ -46,10 +46,18 @@ VARIANTS = {  # name -> SM90 config keys (C3 = three consumer warpgroups, np = o
     "p128s3g8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_LPT=8),
     "np128s4g8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_PERSIST=0, SM90_LPT=8),
     "np128s4g32": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_PERSIST=0, SM90_LPT=32),
+    # ping-pong: the consumer warpgroups take turns issuing their wgmma (SM90_PP)
+    "p128s3pp": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_PP=1),
+    "np128s3pp": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_PERSIST=0, SM90_PP=1),
+    "np128s3ppg8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_PERSIST=0, SM90_PP=1, SM90_LPT=8),
+    "p128s4pp": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_PP=1),
+    "p3c128s4pp": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_CONS=3, SM90_PP=1),
+    "np128s4ppg8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_PERSIST=0, SM90_PP=1, SM90_LPT=8),
 }
 DIMS = {"p3c64s4": (128,), "p128s4": (64,), "np128s4": (64,), "p3c128s4": (64,)}  # D128: shared memory
-DIMS.update({"np128s4g8": (64,), "np128s4g32": (64,)})
+DIMS.update({n: (64,) for n in ("np128s4g8", "np128s4g32", "p128s4pp", "p3c128s4pp", "np128s4ppg8")})
 CAUSAL_ONLY = {n for n, c in VARIANTS.items() if c.get("SM90_LPT")}  # the order only changes causal tiles
+NEW = {n for n, c in VARIANTS.items() if c.get("SM90_LPT") or c.get("SM90_PP")}  # --check new
 # (B, H, Hkv, Nq, Nk, bnhd): ragged, Nq < Nk, Nq > Nk (rows with no key when causal), GQA, BNHD view, tiny
 CHECK_SHAPES = [
     (1, 3, 3, 77, 300, False),
@@ -119,10 +127,13 @@ def main() -> None:
     ap.add_argument(
         "--check",
         default="full",
-        choices=("full", "lpt", "none"),
-        help="none: time only (variants checked before); lpt: check only the SM90_LPT variants",
+        choices=("full", "new", "none"),
+        help="none: time only (variants checked before); new: check only the SM90_LPT / SM90_PP variants",
     )
+    ap.add_argument("--causal-only", action="store_true", help="time the causal buckets only")
+    ap.add_argument("--skip", default="", help="comma-separated variant names not to time")
     args = ap.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
     out_dir = Path(args.outdir)
     out_dir.mkdir(parents=True, exist_ok=True)
     budget = Budget(args.budget)
@@ -137,7 +148,7 @@ def main() -> None:
     for D in (128, 64) if args.check != "none" else ():
         for dt in (torch.bfloat16,):  # fp16: the GPU tests
             for name, cfg in VARIANTS.items():
-                if D not in DIMS.get(name, (64, 128)) or (args.check == "lpt" and name not in CAUSAL_ONLY):
+                if D not in DIMS.get(name, (64, 128)) or (args.check == "new" and name not in NEW):
                     continue
                 try:
                     good, errs = check(cfg, dt, D)
@@ -151,7 +162,7 @@ def main() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     for D in (128, 64):
-        for causal in (False, True):
+        for causal in (True,) if args.causal_only else (False, True):
             for N in (16384, 4096, 1024, 8192, 2048):
                 if not budget.ok(6):
                     res["skipped"].append(f"D{D} N{N} causal={causal}")
@@ -171,9 +182,9 @@ def main() -> None:
                 base = {kk: vv for kk, vv in shipped.items() if not kk.startswith("SM90")}
                 row["ms"]["portable"] = time_ms(lambda: run(base, q, k, v, causal, scale))  # noqa: B023
                 for name, over in VARIANTS.items():
-                    if name in CAUSAL_ONLY and not causal:
+                    if (name in CAUSAL_ONLY and not causal) or name in skip:
                         continue
-                    checked_before = args.check == "none" or (args.check == "lpt" and name not in CAUSAL_ONLY)
+                    checked_before = args.check == "none" or (args.check == "new" and name not in NEW)
                     if D in DIMS.get(name, (64, 128)) and ok.get((D, name), checked_before):
                         row["ms"][name] = time_ms(lambda o=over: run(dict(base, **o), q, k, v, causal, scale))  # noqa: B023
                 flops = 4 * B * H * N * N * D * (0.5 if causal else 1.0)

@@ -530,19 +530,15 @@ def test_gpu_torch_compile_attention_block():
     assert _rel(got, want) < 1e-2 and _rel(gx, x.grad) < 1e-2
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("tiles", [(128, 3, 2), (64, 4, 3)])
-@pytest.mark.parametrize(
-    "B,H,Hkv,nq,nk,bnhd",
-    [(2, 16, 4, 1000, 1000, False), (1, 3, 3, 77, 300, False), (1, 2, 2, 300, 77, True), (1, 2, 1, 1, 1, False)],
-)
-def test_gpu_sm90_forward_matches_fp32(B, H, Hkv, nq, nk, bnhd, tiles, D, dtype):
-    """The Hopper Gluon forward (ragged N, Nq != Nk both ways, GQA, a (B, N, H, D) view, one row; two and
-    three consumer warpgroups) against an fp32 reference, outputs poisoned first; rows without keys
-    (Nq > Nk, causal) give 0 and LSE -inf. B * H * row blocks (256 at N=1000) exceeds the SM count, so the
-    persistent loop runs several tiles per CTA."""
+_SM90_SHAPES = [
+    (2, 16, 4, 1000, 1000, False),
+    (1, 3, 3, 77, 300, False),
+    (1, 2, 2, 300, 77, True),
+    (1, 2, 1, 1, 1, False),
+]
+
+
+def _check_sm90(B, H, Hkv, nq, nk, bnhd, D, dtype, cfg):
     from flashattn_triton.ops import _fwd_sm90
 
     if torch.cuda.get_device_capability() != (9, 0):
@@ -555,10 +551,7 @@ def test_gpu_sm90_forward_matches_fp32(B, H, Hkv, nq, nk, bnhd, tiles, D, dtype)
         q = rand(B, H, nq, D, dtype=dtype, device="cuda")
         k, v = (rand(B, Hkv, nk, D, dtype=dtype, device="cuda") for _ in range(2))
     assert _fwd_sm90.eligible(q, k, v)
-    bn, stages, cons = tiles
-    cfg = dict(
-        BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, SM90=1, SM90_BLOCK_N=bn, SM90_STAGES=stages, SM90_CONS=cons
-    )
+    cfg = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, SM90=1, **cfg)
     for causal in (False, True):
         out, lse = torch.full_like(q, float("nan")), torch.full((B, H, nq), float("nan"), device="cuda")
         F._fwd_launch(q, k, v, out, lse, causal, D**-0.5, cfg)
@@ -573,6 +566,30 @@ def test_gpu_sm90_forward_matches_fp32(B, H, Hkv, nq, nk, bnhd, tiles, D, dtype)
     if _fwd_sm90.direct.ENABLED:
         # no plan fell back to kernel[grid] for good (a failed first direct launch turns it off)
         assert not [p.dl.error for p in _fwd_sm90._PLANS.values() if p.dl.state == -1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("tiles", [(128, 3, 2), (64, 4, 3)])
+@pytest.mark.parametrize("B,H,Hkv,nq,nk,bnhd", _SM90_SHAPES)
+def test_gpu_sm90_forward_matches_fp32(B, H, Hkv, nq, nk, bnhd, tiles, D, dtype):
+    """The Hopper Gluon forward (ragged N, Nq != Nk both ways, GQA, a (B, N, H, D) view, one row; two and
+    three consumer warpgroups) against an fp32 reference, outputs poisoned first; rows without keys
+    (Nq > Nk, causal) give 0 and LSE -inf. B * H * row blocks (256 at N=1000) exceeds the SM count, so the
+    persistent loop runs several tiles per CTA."""
+    bn, stages, cons = tiles
+    _check_sm90(B, H, Hkv, nq, nk, bnhd, D, dtype, dict(SM90_BLOCK_N=bn, SM90_STAGES=stages, SM90_CONS=cons))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D,cons,persist", [(128, 2, 1), (64, 2, 0), (64, 3, 1)])  # 3 warpgroups: D64 only (smem)
+@pytest.mark.parametrize("B,H,Hkv,nq,nk,bnhd", _SM90_SHAPES)
+def test_gpu_sm90_forward_pingpong_lpt(B, H, Hkv, nq, nk, bnhd, D, cons, persist):
+    """The same checks with the consumer warpgroups in ping-pong turns (SM90_PP, round-robin for three)
+    and causal tiles in head-group LPT order (SM90_LPT: groups of 8 of the 32 heads at N=1000)."""
+    cfg = dict(SM90_BLOCK_N=128, SM90_STAGES=3, SM90_CONS=cons, SM90_PERSIST=persist, SM90_PP=1, SM90_LPT=8)
+    _check_sm90(B, H, Hkv, nq, nk, bnhd, D, torch.bfloat16, cfg)
 
 
 def test_sm90_eligibility_rules():
@@ -604,7 +621,7 @@ def test_sm90_launch_plan_direct_args(monkeypatch):
     class FakeKernel:
         def __init__(self):
             def fn(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, slb, slh, H, GROUP, Nq, Nk, NUM_M, n_tiles,
-                   lpt_g, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, CONS_REGS):  # fmt: skip
+                   lpt_g, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, CONS_REGS, PP):  # fmt: skip
                 pass
 
             self.fn = fn
@@ -647,7 +664,15 @@ def test_sm90_launch_plan_direct_args(monkeypatch):
     k, v = (torch.zeros(B, Hkv, N, D, dtype=torch.bfloat16) for _ in range(2))
     out, lse = torch.empty_like(q), torch.empty(B, H, N)
     # SM90_LPT 3 -> head groups of 2: the largest size <= 3 that divides B * H = 8
-    cfg = {"SM90": 1, "SM90_BLOCK_N": 128, "SM90_CONS": 2, "SM90_STAGES": 3, "SM90_PERSIST": 1, "SM90_LPT": 3}
+    cfg = {
+        "SM90": 1,
+        "SM90_BLOCK_N": 128,
+        "SM90_CONS": 2,
+        "SM90_STAGES": 3,
+        "SM90_PERSIST": 1,
+        "SM90_LPT": 3,
+        "SM90_PP": 1,
+    }
     for _ in range(3):
         _fwd_sm90.launch(q, k, v, out, lse, True, 0.125, cfg)
     assert len(calls["normal"]) == 1 and len(calls["direct"]) == 2
@@ -655,7 +680,7 @@ def test_sm90_launch_plan_direct_args(monkeypatch):
     num_m = -(-N // 128)
     assert grid == (min(132, num_m * B * H),)
     assert [d.block for d in nargs[:3]] == [[1, 1, 64, D], [1, 1, 128, D], [1, 1, 128, D]]
-    assert kw == dict(HEAD_DIM=D, BLOCK_N=128, STAGES=3, CAUSAL=True, NUM_CONS=2, CONS_REGS=240, num_warps=4)
+    assert kw == dict(HEAD_DIM=D, BLOCK_N=128, STAGES=3, CAUSAL=True, NUM_CONS=2, CONS_REGS=240, PP=True, num_warps=4)
     d = calls["direct"][0]
     assert d[:7] == (grid[0], 1, 1, 77, 5, ("md",), None)
     dargs = d[9:]
@@ -666,7 +691,7 @@ def test_sm90_launch_plan_direct_args(monkeypatch):
     assert dargs[5:10] == (*out.stride()[:3], *lse.stride()[:2])
     assert dargs[10:17] == (H, H // Hkv, N, N, num_m, num_m * B * H, 2)
     assert abs(dargs[17] - 0.125 * 1.4426950408889634) < 1e-12
-    assert dargs[18:] == (D, 128, 3, True, 2, 240)  # the constexpr tail
+    assert dargs[18:] == (D, 128, 3, True, 2, 240, True)  # the constexpr tail
     # another shape is another plan: normal launch first again
     q2 = torch.zeros(B, H, N + 1, D, dtype=torch.bfloat16)
     _fwd_sm90.launch(q2, k, v, torch.empty_like(q2), torch.empty(B, H, N + 1), False, 0.125, cfg)
@@ -679,7 +704,8 @@ def test_sm90_launch_plan_direct_args(monkeypatch):
     "D,bn,stages,cons,causal,max_spill",
     [(128, 128, 3, 2, False, 0), (128, 128, 3, 2, True, 0), (64, 128, 4, 2, True, 0), (64, 128, 4, 3, False, 32)],
 )
-def test_sm90_kernel_compiles_offline_without_spills(D, bn, stages, cons, causal, max_spill):
+@pytest.mark.parametrize("pp", [False, True])
+def test_sm90_kernel_compiles_offline_without_spills(D, bn, stages, cons, causal, max_spill, pp):
     """No GPU needed: the Gluon forward compiles for sm_90a with Triton's own ptxas, within the shared memory
     of one H200 CTA and without register spills (the shipped configurations; the three-consumer D64 one,
     at 160 registers a warpgroup, spills 16 bytes)."""
@@ -708,7 +734,7 @@ def test_sm90_kernel_compiles_offline_without_spills(D, bn, stages, cons, causal
     sig.update({n: "i32" for n in ("H", "GROUP", "Nq", "Nk", "NUM_M", "n_tiles", "lpt_g")})
     sig["qk_scale"] = "fp32"
     const = dict(
-        HEAD_DIM=D, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, NUM_CONS=cons, CONS_REGS=240 if cons == 2 else 160
+        HEAD_DIM=D, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, NUM_CONS=cons, CONS_REGS=240 if cons == 2 else 160, PP=pp
     )
     sig.update({n: "constexpr" for n in const})
     src = GluonASTSource(_fwd_sm90._attn_fwd_sm90_kernel, sig, const)

@@ -129,6 +129,22 @@ if HAS_GLUON:
         mbarrier.arrive(bar)
 
     @gluon.jit
+    def _turn_wait(turn, g, PP: gl.constexpr, WG: gl.constexpr):
+        # ping-pong: the consumer warpgroups issue their wgmma groups in strict round-robin, so one
+        # warpgroup's softmax runs while the next one's GEMMs keep the tensor cores busy (FA3's schedule).
+        # A fresh barrier completes parity 1 at once: warpgroup 0 goes first.
+        if PP:
+            if WG == 0:
+                mbarrier.wait(turn.index(WG), (g & 1) ^ 1)
+            else:
+                mbarrier.wait(turn.index(WG), g & 1)
+
+    @gluon.jit
+    def _turn_pass(turn, PP: gl.constexpr, WG: gl.constexpr, NUM_CONS: gl.constexpr):
+        if PP:
+            mbarrier.arrive(turn.index((WG + 1) % NUM_CONS))
+
+    @gluon.jit
     def _softmax_step(s, m_i, l_i, row, kv0, seqlen_k, diag, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
                       BLOCK_N: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, P_DTYPE: gl.constexpr):  # fmt: skip
         """Online-softmax update for one score tile: (P as the P V operand, alpha, m_new, l_new), base 2."""
@@ -153,10 +169,10 @@ if HAS_GLUON:
         return p_op, alpha, m_new, l_new
 
     @gluon.jit
-    def _consumer(q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, O, LSE,
+    def _consumer(q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O, LSE,
                   sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                  NUM_CONS: gl.constexpr, WG: gl.constexpr):  # fmt: skip
+                  NUM_CONS: gl.constexpr, PP: gl.constexpr, WG: gl.constexpr):  # fmt: skip
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
@@ -171,6 +187,7 @@ if HAS_GLUON:
         diag = Nk - Nq
         it = 0  # key blocks consumed so far: the producer's ring position
         tc = 0
+        g = 0  # wgmma issue groups so far (ping-pong turns; n_blocks + 1 per tile in every warpgroup)
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             b, h, hk, start_m, n_full, n_blocks = _tile(t, lpt_g, NUM_M, H, GROUP, Nq, Nk, NUM_CONS, BLOCK_N, CAUSAL)
             row0 = start_m + WG * _WG_M
@@ -184,7 +201,10 @@ if HAS_GLUON:
             s0 = it % STAGES
             mbarrier.wait(k_bar.index(s0), (it // STAGES) & 1)
             k0 = k_smem.index(s0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+            _turn_wait(turn, g, PP, WG)
             s_tok = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
+            _turn_pass(turn, PP, WG, NUM_CONS)
+            g += 1
             s_cur = warpgroup_mma_wait(0, deps=[s_tok, q, k0])[0]
             _release(k_empty.index(s0))
             if n_full > 0:
@@ -200,11 +220,20 @@ if HAS_GLUON:
                 sp = (it + i - 1) % STAGES
                 mbarrier.wait(k_bar.index(sc), ((it + i) // STAGES) & 1)
                 ki = k_smem.index(sc).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-                s_tok = warpgroup_mma(q, ki, s_zero, use_acc=False, is_async=True)
-                mbarrier.wait(v_bar.index(sp), ((it + i - 1) // STAGES) & 1)
                 vp = v_smem.index(sp).reshape([BLOCK_N, HEAD_DIM])
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-                acc_tok = warpgroup_mma(p, vp, acc, is_async=True)
+                if PP:  # both GEMMs of the step in this warpgroup's turn
+                    mbarrier.wait(v_bar.index(sp), ((it + i - 1) // STAGES) & 1)
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                    _turn_wait(turn, g, PP, WG)
+                    s_tok = warpgroup_mma(q, ki, s_zero, use_acc=False, is_async=True)
+                    acc_tok = warpgroup_mma(p, vp, acc, is_async=True)
+                    _turn_pass(turn, PP, WG, NUM_CONS)
+                    g += 1
+                else:  # S(i) first, before V(i-1) is waited for
+                    s_tok = warpgroup_mma(q, ki, s_zero, use_acc=False, is_async=True)
+                    mbarrier.wait(v_bar.index(sp), ((it + i - 1) // STAGES) & 1)
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                    acc_tok = warpgroup_mma(p, vp, acc, is_async=True)
                 s_cur = warpgroup_mma_wait(1, deps=[s_tok, q, ki])[0]
                 _release(k_empty.index(sc))
                 if i < n_full:
@@ -223,7 +252,10 @@ if HAS_GLUON:
             mbarrier.wait(v_bar.index(sl), ((it + n_blocks - 1) // STAGES) & 1)
             vl = v_smem.index(sl).reshape([BLOCK_N, HEAD_DIM])
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            _turn_wait(turn, g, PP, WG)
             acc_tok = warpgroup_mma(p, vl, acc, is_async=True)
+            _turn_pass(turn, PP, WG, NUM_CONS)
+            g += 1
             acc = warpgroup_mma_wait(0, deps=[acc_tok, vl])[0]
             _release(v_empty.index(sl))
             it += n_blocks
@@ -244,7 +276,7 @@ if HAS_GLUON:
     def _attn_fwd_sm90_kernel(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, slb, slh, H, GROUP, Nq, Nk, NUM_M,
                               n_tiles, lpt_g, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                               STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr,
-                              CONS_REGS: gl.constexpr):  # fmt: skip
+                              CONS_REGS: gl.constexpr, PP: gl.constexpr):  # fmt: skip
         # persistent: each CTA walks tiles pid, pid + grid, ...; the producer runs ahead into the next tile
         dtype: gl.constexpr = desc_q.dtype
         q_smem = gl.allocate_shared_memory(dtype, [NUM_CONS] + desc_q.block_type.shape, desc_q.layout)
@@ -256,6 +288,9 @@ if HAS_GLUON:
         v_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
+        for w in gl.static_range(NUM_CONS):
+            mbarrier.init(turn.index(w), count=1)
         mbarrier.init(q_bar, count=1)
         mbarrier.init(q_empty, count=NUM_CONS)  # one arrive per consumer warpgroup
         for s in gl.static_range(STAGES):
@@ -267,120 +302,31 @@ if HAS_GLUON:
         if NUM_CONS == 2:
             gl.warp_specialize(
                 [
-                    (
-                        _consumer,
-                        (
-                            q_smem,
-                            k_smem,
-                            v_smem,
-                            q_bar,
-                            q_empty,
-                            k_bar,
-                            v_bar,
-                            k_empty,
-                            v_empty,
-                            O,
-                            LSE,
-                            sob,
-                            soh,
-                            som,
-                            slb,
-                            slh,
-                            n_tiles,
-                            lpt_g,
-                            NUM_M,
-                            H,
-                            GROUP,
-                            Nq,
-                            Nk,
-                            qk_scale,
-                            HEAD_DIM,
-                            BLOCK_N,
-                            STAGES,
-                            CAUSAL,
-                            NUM_CONS,
-                            0,
-                        ),
-                    ),
-                    (
-                        _consumer,
-                        (
-                            q_smem,
-                            k_smem,
-                            v_smem,
-                            q_bar,
-                            q_empty,
-                            k_bar,
-                            v_bar,
-                            k_empty,
-                            v_empty,
-                            O,
-                            LSE,
-                            sob,
-                            soh,
-                            som,
-                            slb,
-                            slh,
-                            n_tiles,
-                            lpt_g,
-                            NUM_M,
-                            H,
-                            GROUP,
-                            Nq,
-                            Nk,
-                            qk_scale,
-                            HEAD_DIM,
-                            BLOCK_N,
-                            STAGES,
-                            CAUSAL,
-                            NUM_CONS,
-                            1,
-                        ),
-                    ),
-                    (
-                        _producer,
-                        (
-                            desc_q,
-                            desc_k,
-                            desc_v,
-                            q_smem,
-                            k_smem,
-                            v_smem,
-                            q_bar,
-                            q_empty,
-                            k_bar,
-                            v_bar,
-                            k_empty,
-                            v_empty,
-                            n_tiles,
-                            lpt_g,
-                            NUM_M,
-                            H,
-                            GROUP,
-                            Nq,
-                            Nk,
-                            NUM_CONS,
-                            STAGES,
-                            BLOCK_N,
-                            CAUSAL,
-                        ),
-                    ),
+                    (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O,
+                                 LSE, sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
+                                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 0)),
+                    (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O,
+                                 LSE, sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
+                                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 1)),
+                    (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar,
+                                 k_empty, v_empty, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, NUM_CONS, STAGES, BLOCK_N,
+                                 CAUSAL)),
                 ],
                 [4, 1],
                 [CONS_REGS, 24],
-            )
+            )  # fmt: skip
         else:
             gl.warp_specialize(
                 [
-                    (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, O, LSE, sob,
-                                 soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale, HEAD_DIM,
-                                 BLOCK_N, STAGES, CAUSAL, NUM_CONS, 0)),
-                    (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, O, LSE, sob,
-                                 soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale, HEAD_DIM,
-                                 BLOCK_N, STAGES, CAUSAL, NUM_CONS, 1)),
-                    (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, O, LSE, sob,
-                                 soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale, HEAD_DIM,
-                                 BLOCK_N, STAGES, CAUSAL, NUM_CONS, 2)),
+                    (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O,
+                                 LSE, sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
+                                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 0)),
+                    (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O,
+                                 LSE, sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
+                                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 1)),
+                    (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O,
+                                 LSE, sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
+                                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 2)),
                     (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar,
                                  k_empty, v_empty, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, NUM_CONS, STAGES, BLOCK_N,
                                  CAUSAL)),
@@ -429,6 +375,7 @@ class _Plan:
             NUM_CONS=cons,
             # 512 registers per thread slot across the warpgroups; the default partition takes what is left
             CONS_REGS=240 if cons == 2 else 160,
+            PP=bool(cfg.get("SM90_PP", 0)),
             num_warps=4,
         )
         self.dl = direct.Direct()
@@ -443,7 +390,7 @@ def _lpt_group(bh: int, want: int) -> int:
 
 
 _PLANS: dict[tuple, _Plan] = {}
-_CFG_KEYS = ("SM90_BLOCK_N", "SM90_CONS", "SM90_STAGES", "SM90_PERSIST", "SM90_LPT")
+_CFG_KEYS = ("SM90_BLOCK_N", "SM90_CONS", "SM90_STAGES", "SM90_PERSIST", "SM90_LPT", "SM90_PP")
 
 
 def launch(q, k, v, out, lse, causal: bool, sm_scale: float, cfg: dict) -> None:
