@@ -583,12 +583,14 @@ def test_gpu_sm90_forward_matches_fp32(B, H, Hkv, nq, nk, bnhd, tiles, D, dtype)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D,cons,persist", [(128, 2, 1), (64, 2, 0), (64, 3, 1)])  # 3 warpgroups: D64 only (smem)
+@pytest.mark.parametrize(  # 3 warpgroups: D64 only (shared memory); 64-key tiles with a 6-deep ring
+    "D,cons,persist,bn,stages", [(128, 2, 1, 128, 3), (64, 2, 0, 128, 3), (64, 3, 1, 128, 3), (128, 2, 0, 64, 6)]
+)
 @pytest.mark.parametrize("B,H,Hkv,nq,nk,bnhd", _SM90_SHAPES)
-def test_gpu_sm90_forward_pingpong_lpt(B, H, Hkv, nq, nk, bnhd, D, cons, persist):
+def test_gpu_sm90_forward_pingpong_lpt(B, H, Hkv, nq, nk, bnhd, D, cons, persist, bn, stages):
     """The same checks with the consumer warpgroups in ping-pong turns (SM90_PP, round-robin for three)
     and causal tiles in head-group LPT order (SM90_LPT: groups of 8 of the 32 heads at N=1000)."""
-    cfg = dict(SM90_BLOCK_N=128, SM90_STAGES=3, SM90_CONS=cons, SM90_PERSIST=persist, SM90_PP=1, SM90_LPT=8)
+    cfg = dict(SM90_BLOCK_N=bn, SM90_STAGES=stages, SM90_CONS=cons, SM90_PERSIST=persist, SM90_PP=1, SM90_LPT=8)
     _check_sm90(B, H, Hkv, nq, nk, bnhd, D, torch.bfloat16, cfg)
 
 

@@ -845,3 +845,338 @@ def test_swapab_gpu(M, N, K, bn, bk, stages, split_k):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, run(False))
+
+
+# ----------------------------------------------------------------------------------------------
+# SM90 warp-specialized persistent Gluon kernel (ops/_gemm_sm90.py, Triton 3.6)
+# ----------------------------------------------------------------------------------------------
+
+_SM90_BASE = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, SPLIT_K=1, num_warps=4, num_stages=3, TMA=1)
+
+
+def _sm90_cfg(bn=256, stages=4, group_m=8, pingpong=0, bk=128):
+    """A tuning entry as the probe writes it: the old TMA config plus "SM90": 1 and the SM90_* keys."""
+    return dict(_SM90_BASE, SM90=1, SM90_BLOCK_N=bn, SM90_BLOCK_K=bk, SM90_STAGES=stages, SM90_GROUP_M=group_m,
+                SM90_PINGPONG=pingpong)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "bn,stages,pingpong,out,bias,aligned,epi_tma",
+    [
+        (256, 4, 0, "bf16", True, True, True),  # the 128x256 cooperative tile, TMA-store epilogue
+        (256, 4, 0, "bf16", True, True, False),  # ... stores from registers
+        (256, 4, 0, "fp32", True, False, False),  # ragged N: no 16-divisibility, clamped scale / bias loads
+        (256, 3, 0, "i32", False, True, True),  # OUT_INT32 (its TMA buffers fit beside 3 stages)
+        (128, 5, 0, "fp16", False, True, True),
+        (128, 4, 1, "bf16", True, True, True),  # ping-pong: one 128x128 tile per warpgroup
+        (128, 6, 1, "fp16", True, False, False),
+    ],
+)
+def test_sm90_gemm_compiles_offline_without_spills(bn, stages, pingpong, out, bias, aligned, epi_tma):
+    """No GPU needed: the Gluon GEMM compiles for sm_90a with Triton's own ptxas, fits one H200 CTA's shared
+    memory, sets the warpgroup register budgets and spills nothing (aligned: the 16-divisible pointers and
+    sizes Triton specializes on at launch; not aligned: none of them, e.g. N = 1500)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton
+    from int8_gemm.ops import _gemm_sm90 as S
+
+    if not S.HAS_GLUON:
+        pytest.skip(f"the Gluon GEMM targets Triton 3.6 (this is {triton.__version__}); tests_matrix covers 3.6")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        # (kernels interpreted earlier in the process leave Triton's language patched: Gluon codegen then fails)
+        pytest.skip("TRITON_INTERPRET=1 turns the kernel into interpreted functions: compile with TRITON_INTERPRET=0")
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    c = S.resolve(_sm90_cfg(bn=bn, stages=stages, pingpong=pingpong))
+    wg_m = c["SM90_BLOCK_M"] // (1 if pingpong else 2)
+
+    def desc(rows, cols, dt=gl.int8, name="i8"):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, cols], dt)
+        return f"tensordesc<{name}[{rows}, {cols}],{layout!r}>"
+
+    odt = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp32": gl.float32, "i32": gl.int32}[out]
+    c_desc = desc(wg_m, min(bn, 128), odt, out) if epi_tma else desc(wg_m, 128)  # else A's stands in
+    if epi_tma:  # what the plan checks before it picks the TMA-store epilogue
+        smem = stages * S.stage_bytes(128, bn, 128) + S.epi_bytes(c, odt.primitive_bitwidth // 8)
+        assert smem + 1024 <= S.SMEM_LIMIT
+    fn = S._int8_gemm_sm90_kernel
+    sig = {"a_desc": desc(wg_m, 128), "b_desc": desc(bn, 128), "c_desc": c_desc, "C": f"*{out}", "SA": "*fp32"}
+    sig.update(SB="*fp32", BIAS="*bf16", M="i32", N="i32", K="i32", stride_cm="i32")
+    const = dict(S.kernel_constexprs(c, bias, out == "i32", aligned, epi_tma), stride_sa=1, stride_sb=1)
+    sig.update({n: "constexpr" for n in const})
+    names = ("C", "SA", "SB", "BIAS", "M", "N", "K", "stride_cm") if aligned else ()
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in names}
+    k = triton.compile(
+        GluonASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}
+    )
+    assert k.metadata.shared <= S.SMEM_LIMIT
+    assert k.metadata.shared >= stages * S.stage_bytes(c["SM90_BLOCK_M"], bn, 128)
+    ptx = k.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and ".s8.s8" in ptx and "cp.async.bulk.tensor" in ptx
+    assert ("cp.async.bulk.tensor.2d.global.shared" in ptx) == epi_tma  # the TMA store
+    regs = sorted({int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)})
+    assert 232 in regs and 40 in regs, regs  # consumer warpgroups / producer budgets
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.ptx"
+        path.write_text(ptx)
+        cmd = [get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", str(path), "-o", str(Path(tmp) / "k.o")]
+        err = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    assert int(re.search(r"(\d+) bytes spill stores", err).group(1)) == 0, err
+
+
+def test_sm90_config_rules():
+    from int8_gemm.ops import _gemm_sm90 as S
+
+    assert S.resolve({"SM90": 1}) == S.DEFAULTS | {}
+    assert S.resolve(_sm90_cfg(bn=128, stages=6))["SM90_STAGES"] == 6
+    for bad in (
+        _sm90_cfg(bn=256, stages=5),  # 5 x 48 KB of shared memory
+        _sm90_cfg(bn=256, pingpong=1),  # a 128x256 int32 accumulator per warpgroup: 256 registers
+        _sm90_cfg(bn=96),
+        _sm90_cfg(bk=256),  # the TMA box's inner extent must fit the 128-byte swizzle
+        _sm90_cfg(stages=1),
+    ):
+        with pytest.raises(ValueError):
+            S.resolve(bad)
+    A = torch.zeros(256, 128, dtype=torch.int8)
+    assert not S.eligible(A, A)  # CPU tensors never take the Gluon kernel
+    if S.HAS_GLUON and torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
+        g = A.cuda()
+        assert S.eligible(g, g)
+        assert not S.eligible(g[:, 8:], g[:, 8:])  # row stride fine, base 8 bytes off
+        assert S.eligible(g[:, 8:], g[:, 8:], check_ptr=False)
+        assert not S.eligible(g.t(), g)  # M-major A
+        assert not S.eligible(g[:, :100].contiguous(), g[:, :100].contiguous())  # 100-byte rows
+
+
+def test_sm90_dispatch_and_fallbacks(monkeypatch):
+    """No GPU needed: an "SM90": 1 entry takes the SM90 launch with the (N, K) weight, the normalized scales
+    and the bias; misaligned bases fall back to the entry's other kernel; without eligibility (CPU, Triton
+    != 3.6, row-major B) the SM90 keys are ignored."""
+    from int8_gemm.ops import _gemm_sm90 as S
+
+    if gmod.select_backend(torch.device("cpu")) is not gmod.Backend.INTERPRETER:
+        pytest.skip("needs TRITON_INTERPRET=1 on CPU")
+    _poisoned_launch(monkeypatch)
+    monkeypatch.setattr(gmod, "_PLANS", {})
+    torch.manual_seed(61)
+    M, N, K = 40, 48, 96
+    A, W = _rand_i8(M, K), _rand_i8(N, K)
+    sa, sb, bias = torch.rand(M) + 0.1, torch.rand(N) + 0.1, torch.randn(N)
+    cfg = dict(_sm90_cfg(bn=128, stages=3), BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, num_stages=1)
+    # not eligible on CPU: the entry's TMA kernel, exact
+    assert gmod._get_plan(A, W.t(), sa, sb, bias, torch.float32, cfg, False, False).kind == "tma"
+    d = gmod._launch(A, W.t(), sa, sb, bias, torch.float32, cfg)
+    torch.testing.assert_close(d.double(), _ref_deq(A, W.t(), sa, sb, bias), rtol=1e-5, atol=1e-3)
+
+    calls = []
+    monkeypatch.setattr(gmod, "_PLANS", {})
+    monkeypatch.setattr(S, "eligible", lambda a, b, check_ptr=True: a.dtype == torch.int8 and b.stride(1) == 1)
+    monkeypatch.setattr(S, "launch", lambda *a: calls.append(a))
+    out = gmod._launch(A, W.t(), sa, sb, bias, torch.float32, cfg)
+    (a, b, s1, s2, bi, o, i32, c), = calls  # fmt: skip
+    assert a is A and b.shape == (N, K) and b.data_ptr() == W.data_ptr() and b.stride() == W.stride()
+    assert s1 is sa and s2 is sb and bi is bias and o is out and not i32 and c == cfg
+    gmod._launch(A, W.t(), None, None, None, torch.int32, cfg)
+    assert calls[-1][2] is None and calls[-1][3] is None and calls[-1][6] is True
+    assert gmod._get_plan(A, W.t(), None, None, None, torch.int32, cfg, False, False).kind == "sm90"
+    # quant_a / pdl / a row-major B are not the SM90 kernel's
+    assert gmod._get_plan(A, W.t(), sa, sb, None, torch.float32, cfg, False, True).kind != "sm90"
+    assert gmod._get_plan(A, W.t().contiguous(), sa, sb, None, torch.float32, cfg, False, False).kind != "sm90"
+    # a misaligned base (not in the plan key): the same entry without its SM90 keys, still exact
+    buf = _rand_i8(M * K + 1)
+    Am = buf[1:].view(M, K)
+    n = len(calls)
+    c2 = gmod._launch(Am, W.t(), None, None, None, torch.int32, cfg)
+    assert len(calls) == n and torch.equal(c2.long(), _ref_int(Am, W.t()))
+    # a bad SM90 entry fails when the plan is made
+    with pytest.raises(ValueError):
+        gmod._launch(A, W.t(), sa, sb, None, torch.float32, dict(cfg, SM90_BLOCK_N=96))
+
+
+def test_sm90_launch_plan_direct_args(monkeypatch):
+    """No GPU needed: the SM90 GEMM plan's first call goes through ``kernel[grid]`` with real tensor
+    descriptors; later calls launch the captured kernel directly with ``Desc`` stand-ins carrying the same
+    base/shape/strides, the same scalars and the constexpr tail in signature order, on the same grid."""
+    from int8_gemm.ops import _gemm_sm90 as S
+
+    calls = {"normal": [], "direct": []}
+
+    class FakeCompiled:
+        function, packed_metadata = 5, ("md",)
+
+        def run(self, *a):
+            calls["direct"].append(a)
+
+    class FakeKernel:
+        def __init__(self):
+            def fn(a_desc, b_desc, c_desc, C, SA, SB, BIAS, M, N, K, stride_cm, stride_sa, stride_sb, BLOCK_M,
+                   BLOCK_N, BLOCK_K, GROUP_M, STAGES, A_BOXES, HAS_BIAS, OUT_INT32, EVEN_N, EPI_TMA, CONS_REGS,
+                   PROD_REGS):  # fmt: skip
+                pass
+
+            self.fn = fn
+
+        def __getitem__(self, grid):
+            def go(*args, **kw):
+                calls["normal"].append((grid, args, kw))
+                return FakeCompiled()
+
+            return go
+
+    class FakeDesc:
+        def __init__(self, base, shape, strides, block, layout):
+            self.base, self.shape, self.strides, self.block, self.layout = base, shape, strides, block, layout
+
+    class FakeGl:
+        int8, int32, bfloat16, float16, float32 = "i8", "i32", "bf16", "fp16", "fp32"
+
+        class NVMMASharedLayout:
+            @staticmethod
+            def get_default_for(block, dt):
+                return ("layout", tuple(block), dt)
+
+    props = type("P", (), {"multi_processor_count": 132})()
+    monkeypatch.setattr(S, "_int8_gemm_sm90_kernel", FakeKernel(), raising=False)
+    monkeypatch.setattr(S, "TensorDescriptor", FakeDesc, raising=False)
+    monkeypatch.setattr(S, "gl", FakeGl, raising=False)
+    monkeypatch.setattr(S.direct, "ENABLED", True)
+    chain = type("HookChain", (), {"calls": []})  # Triton's launch hook chains, empty (no profiler)
+    hooks = type("R", (), {"launch_enter_hook": chain(), "launch_exit_hook": chain()})
+    monkeypatch.setattr(S.direct, "_knobs", type("K", (), {"runtime": hooks}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: props)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 77, raising=False)
+    monkeypatch.setattr(S, "_PLANS", {})
+    M, N, K = 1000, 1500, 2064
+    A = torch.zeros(M, K + 16, dtype=torch.int8)[:, :K]  # a padded-row view
+    W = torch.zeros(N, K, dtype=torch.int8)
+    sa, sb, bias = torch.ones(M), torch.ones(1).expand(N), torch.zeros(N, dtype=torch.bfloat16)
+    out = torch.empty(M, N, dtype=torch.bfloat16)
+    cfg = _sm90_cfg(bn=256, stages=4, group_m=16)
+    for _ in range(3):
+        S.launch(A, W, sa, sb, bias, out, False, cfg)
+    assert len(calls["normal"]) == 1 and len(calls["direct"]) == 2
+    grid, nargs, kw = calls["normal"][0]
+    assert grid == (min(132, 8 * 6),)
+    # N = 1500 bf16 rows are 3000 bytes, not a TMA stride: register epilogue, A's descriptor as the unused c_desc
+    assert [d.block for d in nargs[:2]] == [[64, 128], [256, 128]] and nargs[2] is nargs[0]
+    assert [d.layout for d in nargs[:2]] == [("layout", (64, 128), "i8"), ("layout", (256, 128), "i8")]
+    assert [d.base for d in nargs[:2]] == [A, W] and [d.strides for d in nargs[:2]] == [[K + 16, 1], [K, 1]]
+    assert kw == dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, GROUP_M=16, STAGES=4, A_BOXES=2, HAS_BIAS=True,
+                      OUT_INT32=False, EVEN_N=False, EPI_TMA=False, CONS_REGS=232, PROD_REGS=40,
+                      num_warps=4)  # fmt: skip
+    d = calls["direct"][0]
+    assert d[:7] == (grid[0], 1, 1, 77, 5, ("md",), None)
+    dargs = d[9:]
+    for nd, dd in zip(nargs[:3], dargs[:3]):
+        assert dd.base is nd.base and list(dd.shape) == list(nd.shape) and list(dd.strides) == list(nd.strides)
+        assert dd.padding == "zero"
+    assert dargs[3] is out and dargs[4] is sa and dargs[5] is sb and dargs[6] is bias and dargs[7:13] == nargs[7:]
+    assert dargs[7:13] == (M, N, K, N, 1, 0)  # stride_sa 1, stride_sb 0 (a scalar scale)
+    assert dargs[13:] == (128, 256, 128, 16, 4, 2, True, False, False, False, 232, 40)  # the constexpr tail
+    # int32 out, ping-pong: another plan (normal launch first again); the scale pointers are the output
+    o32 = torch.empty(M, N, dtype=torch.int32)
+    S.launch(A, W, None, None, None, o32, True, _sm90_cfg(bn=128, pingpong=1))
+    grid, nargs, kw = calls["normal"][1]
+    assert [d.block for d in nargs[:2]] == [[128, 128], [128, 128]]
+    assert nargs[3:7] == (o32, o32, o32, o32) and nargs[11:13] == (0, 0)
+    assert kw["A_BOXES"] == 1 and kw["OUT_INT32"] and not kw["HAS_BIAS"]
+    # 16-byte rows (N = 1024): the TMA-store epilogue, its descriptor over the output in (64, 128) boxes
+    N2 = 1024
+    o2 = torch.empty(M, N2, dtype=torch.bfloat16)
+    for _ in range(2):
+        S.launch(A, W[:N2], sa[:M], sb[:N2], None, o2, False, cfg)
+    grid, nargs, kw = calls["normal"][2]
+    assert kw["EPI_TMA"] and kw["EVEN_N"] and len(calls["direct"]) == 3
+    c_desc = nargs[2]
+    assert c_desc.base is o2 and c_desc.shape == [M, N2] and c_desc.strides == [N2, 1] and c_desc.block == [64, 128]
+    assert c_desc.layout == ("layout", (64, 128), "bf16")
+    dd = calls["direct"][2][9:][2]
+    assert dd.base is o2 and list(dd.shape) == [M, N2] and list(dd.strides) == [N2, 1]
+    # fp32 out: its two (64, 128) buffers (64 KB) do not fit beside four 48 KB stages -> register epilogue
+    S.launch(A, W[:N2], sa[:M], sb[:N2], None, torch.empty(M, N2), False, cfg)
+    assert not calls["normal"][3][2]["EPI_TMA"]
+    S.launch(A, W[:N2], sa[:M], sb[:N2], None, torch.empty(M, N2), False, dict(cfg, SM90_STAGES=3))
+    assert calls["normal"][4][2]["EPI_TMA"]
+    S.launch(A, W[:N2], sa[:M], sb[:N2], None, o2, False, dict(cfg, SM90_EPI_TMA=0))  # switched off
+    assert not calls["normal"][5][2]["EPI_TMA"]
+
+
+def _sm90_ref(A, W, sa, sb, bias, out_dtype):
+    """Exact int32 products (float64 matmul on the GPU), dequantized in fp32 in the kernel's order."""
+    acc = (A.double() @ W.double().t()).to(torch.int64)
+    if out_dtype == torch.int32:
+        return acc.to(torch.int32)
+    c = acc.float() * sa[:, None] * sb[None, :]
+    if bias is not None:
+        c = c + bias.float()[None, :]
+    return c.to(out_dtype)
+
+
+_SM90_GPU_CFGS = {
+    "coop_bn256_s4_g8": _sm90_cfg(bn=256, stages=4, group_m=8),
+    "coop_bn128_s5_g16": _sm90_cfg(bn=128, stages=5, group_m=16),
+    "pingpong_bn128_s4": _sm90_cfg(bn=128, stages=4, pingpong=1),
+    "coop_bn256_s4_register_epilogue": dict(_sm90_cfg(bn=256, stages=4), SM90_EPI_TMA=0),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg_name", list(_SM90_GPU_CFGS))
+@pytest.mark.parametrize("M,N,K", [(1000, 1500, 2064), (4096, 4096, 4096), (129, 257, 4096), (64, 4096, 4096)])
+def test_gpu_sm90_gemm_matches_reference(M, N, K, cfg_name, monkeypatch):
+    """The Hopper Gluon GEMM against an exact int32 reference, dequantized in fp32: ragged M/N/K, a single
+    partial row block, out bf16/fp16/fp32 (with/without bias, a scalar sb) and raw int32, poisoned outputs.
+    The plan's second call (direct launch with Desc stand-ins) gives the same bits as its first (kernel[grid]).
+    4096^2 is 128 or 256 tiles: several per CTA on 132 SMs (the persistent loop, the ring across tiles).
+    N = 4096 / 257 / 1500 cover both epilogues (a TMA store where the output rows are 16-byte strided and its
+    buffers fit beside the ring, else stores from registers)."""
+    from int8_gemm.ops import _gemm_sm90 as S
+
+    if torch.cuda.get_device_capability() != (9, 0) or not S.HAS_GLUON:
+        pytest.skip("the Gluon GEMM is built for SM90 with Triton 3.6 only")
+    _poisoned_launch(monkeypatch)
+    cfg = _SM90_GPU_CFGS[cfg_name]
+    torch.manual_seed(M + N + K)
+    A, W = _rand_i8(M, K, device="cuda"), _rand_i8(N, K, device="cuda")
+    sa = torch.rand(M, device="cuda") * 1e-3 + 1e-4
+    sb_vec = torch.rand(N, device="cuda") * 1e-3 + 1e-4
+    sb_scalar = torch.full((1,), 3e-4, device="cuda").expand(N)
+    bias_bf16 = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    assert S.eligible(A, W)
+    assert gmod._get_plan(A, W.t(), None, None, None, torch.int32, cfg, False, False).kind == "sm90"
+    cases = [
+        (torch.int32, None, None, None),
+        (torch.bfloat16, sa, sb_vec, bias_bf16),
+        (torch.float16, sa, sb_scalar, None),
+        (torch.float32, sa, sb_vec, bias_bf16.float()),
+        (torch.float32, sa, sb_vec, None),
+    ]
+    for out_dtype, s1, s2, bias in cases:
+        got = gmod._launch(A, W.t(), s1, s2, bias, out_dtype, cfg)
+        want = _sm90_ref(A, W, s1, s2, bias, out_dtype)
+        if out_dtype == torch.int32:
+            assert torch.equal(got, want), f"{out_dtype}: int32 products are not exact"
+        else:
+            assert torch.isfinite(got).all(), f"{out_dtype}: unwritten (NaN-poisoned) outputs"
+            # fp32: FMA contraction at most; 16-bit: one rounding step of the output dtype
+            rtol = {torch.float32: 1e-5, torch.bfloat16: 2**-7, torch.float16: 2**-10}[out_dtype]
+            atol = rtol * want.float().abs().max().item() * 1e-2
+            torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=atol)
+        again = gmod._launch(A, W.t(), s1, s2, bias, out_dtype, cfg)
+        assert torch.equal(again, got), f"{out_dtype}: the direct launch differs from the first"
+    if S.direct.ENABLED:
+        # no plan fell back to kernel[grid] for good (a failed first direct launch turns it off)
+        assert not [p.dl.error for p in S._PLANS.values() if p.dl.state == -1]
+        assert all(p.dl.state == 2 for p in S._PLANS.values() if p.kw["BLOCK_N"] == cfg["SM90_BLOCK_N"])

@@ -15,6 +15,9 @@
 * Decode (M <= 16) on SM90 can instead run swap-AB (``"SWAP_AB": 1``): C^T = W . x^T, weight
   rows as the wgmma M dimension, the tokens (padded to 16 by TMA zero-fill) as its N, both
   operands streamed by multi-stage TMA (``_int8_gemm_swapab_kernel``).
+* Large M on SM90 can run the warp-specialized persistent Gluon kernel (``"SM90": 1`` plus its
+  ``SM90_*`` keys in a tuning entry; ``_gemm_sm90.py``, Triton 3.6 only): a TMA producer warp and
+  two wgmma consumer warpgroups. Other Triton versions / GPUs / layouts keep the entry's old config.
 * ``out_dtype=torch.int32`` returns the raw int32 product (``sa``/``sb``/``bias`` must be None),
   like ``torch._int_mm`` but without its M > 16 restriction.
 * Configs come from ``tuning.json`` (arch -> M bucket [, N, K]); ``INT8_GEMM_AUTOTUNE=1``
@@ -44,6 +47,7 @@ except ImportError:  # pragma: no cover
 
 from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend, use_registered_op
 from .._common import direct as _direct
+from . import _gemm_sm90
 from .quantize import MIN_ABSMAX, _rne
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.int32)
@@ -1004,6 +1008,12 @@ def _make_plan(A, B, sa, sb, bias, out_dtype, cfg, quant_a, pdl, allow_fused=Tru
             return _swapab_plan(p, A, cfg, M, N, K, bias, out_dtype, on_gpu, allow_fused, pdl)
         return _make_plan(A, B, sa, sb, bias, out_dtype, _SWAPAB_FALLBACK, quant_a, pdl, allow_fused)
     p.num_tiles = _cdiv(M, bm) * _cdiv(N, bn)
+    if cfg.get("SM90", 0) and b_kmajor and not quant_a and not pdl and _gemm_sm90.eligible(A, B.t(), False):
+        # the Gluon kernel (K-major B only); its tiles are the SM90_* keys, the rest of cfg is the fallback
+        _gemm_sm90.resolve(cfg)  # a bad entry fails here, at plan time, not in the compiler
+        p.kind = "sm90"
+        p.split_k, p.fused = 1, False
+        return p
     if cfg.get("TMA", 0) and split_k == 1 and not quant_a and not pdl and _TensorDescriptor is not None:
         p.kind = "tma"
         progs = p.num_tiles
@@ -1233,6 +1243,12 @@ def _launch(
     sa_t = dummy if sa is None else sa
     sb_t = dummy if sb is None else sb
     bias_t = dummy if bias is None else bias
+    if p.kind == "sm90":
+        if _gemm_sm90.aligned(A, B):  # (B.t()'s base is B's)
+            _gemm_sm90.launch(A, B.t(), sa, sb, bias, out, out_dtype == torch.int32, p.cfg)
+            return out
+        # misaligned operands of an SM90-configured shape: the entry's other kernel (TMA or pointer)
+        p = _get_plan(A, B, sa, sb, bias, out_dtype, _without_sm90(p.cfg), quant_a, pdl)
     if p.kind == "tma":
         if _tma_ok(A, B):
             bm, bn, bk, progs = p.tma
@@ -1289,6 +1305,10 @@ def _launch(
     if p.reduce_grid is not None:
         _launch_reduce(p, ws, out, sa, sb, bias, sa_t, sb_t, bias_t, out_dtype, align[3:])
     return out
+
+
+def _without_sm90(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in cfg.items() if not k.startswith("SM90")}
 
 
 def _launch_reduce(p, ws, out, sa, sb, bias, sa_t, sb_t, bias_t, out_dtype, align) -> None:
