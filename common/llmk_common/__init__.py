@@ -8,12 +8,13 @@ import each other.
 
 from .checks import check_same_device, check_tensor
 from .device import Backend, interpreter_enabled, select_backend, use_registered_op
-from .tuning import TuningTable, arch_key
+from .tuning import TuningTable, arch_key, capability
 
 __all__ = [
     "Backend",
     "TuningTable",
     "arch_key",
+    "capability",
     "check_same_device",
     "check_tensor",
     "interpreter_enabled",

@@ -19,19 +19,24 @@ from typing import Any
 
 import torch
 
-_ARCH: dict[int, str] = {}
+_CAP: dict[int, tuple[int, int]] = {}
+
+
+def capability(device: torch.device) -> tuple[int, int]:
+    """CUDA compute capability of ``device``, cached per device index: get_device_capability costs
+    microseconds, and it is asked on every op call (arch keys, the Gluon kernels' eligibility)."""
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    cap = _CAP.get(i)
+    if cap is None:
+        cap = _CAP[i] = tuple(torch.cuda.get_device_capability(i))
+    return cap
 
 
 def arch_key(device: torch.device | None) -> str:
     if device is None or device.type != "cuda":
         return "cpu"
-    # cached per device index: get_device_capability costs microseconds on every op call
-    i = device.index if device.index is not None else torch.cuda.current_device()
-    key = _ARCH.get(i)
-    if key is None:
-        major, minor = torch.cuda.get_device_capability(i)
-        key = _ARCH[i] = f"sm{major}{minor}"
-    return key
+    major, minor = capability(device)
+    return f"sm{major}{minor}"
 
 
 def _arch_num(key: str) -> int:

@@ -606,61 +606,17 @@ def test_sm90_eligibility_rules():
         assert not _fwd_sm90.eligible(g.float(), g.float(), g.float())
 
 
-def test_sm90_launch_plan_direct_args(monkeypatch):
+def test_sm90_launch_plan_direct_args(fake_gluon_launch):
     """No GPU needed: the SM90 launch plan's first call goes through ``kernel[grid]`` with real tensor
     descriptors; later calls launch the captured kernel directly with ``Desc`` stand-ins carrying the same
     base/shape/strides, the same scalars and the constexpr tail in signature order, on the same grid."""
     from flashattn_triton.ops import _fwd_sm90
 
-    calls = {"normal": [], "direct": []}
+    def fn(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, slb, slh, H, GROUP, Nq, Nk, NUM_M, n_tiles,
+           lpt_g, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, CONS_REGS, PP):  # fmt: skip
+        pass
 
-    class FakeCompiled:
-        function, packed_metadata = 5, ("md",)
-
-        def run(self, *a):
-            calls["direct"].append(a)
-
-    class FakeKernel:
-        def __init__(self):
-            def fn(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, slb, slh, H, GROUP, Nq, Nk, NUM_M, n_tiles,
-                   lpt_g, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, CONS_REGS, PP):  # fmt: skip
-                pass
-
-            self.fn = fn
-
-        def __getitem__(self, grid):
-            def go(*args, **kw):
-                calls["normal"].append((grid, args, kw))
-                return FakeCompiled()
-
-            return go
-
-    class FakeDesc:
-        def __init__(self, base, shape, strides, block, layout):
-            self.base, self.shape, self.strides, self.block, self.layout = base, shape, strides, block, layout
-
-    class FakeGl:
-        float16, bfloat16 = "fp16", "bf16"
-
-        class NVMMASharedLayout:
-            @staticmethod
-            def get_default_for(block, dt):
-                return ("layout", tuple(block), dt)
-
-    props = type("P", (), {"multi_processor_count": 132})()
-    monkeypatch.setattr(_fwd_sm90, "_attn_fwd_sm90_kernel", FakeKernel(), raising=False)
-    monkeypatch.setattr(_fwd_sm90, "TensorDescriptor", FakeDesc, raising=False)
-    monkeypatch.setattr(_fwd_sm90, "gl", FakeGl, raising=False)
-    monkeypatch.setattr(_fwd_sm90.direct, "ENABLED", True)
-    chain = type("HookChain", (), {"calls": []})  # Triton's launch hook chains, empty (no profiler)
-    hooks = type("R", (), {"launch_enter_hook": chain(), "launch_exit_hook": chain()})
-    monkeypatch.setattr(_fwd_sm90.direct, "_knobs", type("K", (), {"runtime": hooks}))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: props)
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 77, raising=False)
-    monkeypatch.setattr(_fwd_sm90, "_PLANS", {})
+    calls = fake_gluon_launch(_fwd_sm90, "_attn_fwd_sm90_kernel", fn)
     B, H, Hkv, N, D = 2, 4, 2, 300, 128
     q = torch.zeros(B, N, H, D, dtype=torch.bfloat16).transpose(1, 2)  # a BNHD view
     k, v = (torch.zeros(B, Hkv, N, D, dtype=torch.bfloat16) for _ in range(2))
@@ -678,17 +634,11 @@ def test_sm90_launch_plan_direct_args(monkeypatch):
     for _ in range(3):
         _fwd_sm90.launch(q, k, v, out, lse, True, 0.125, cfg)
     assert len(calls["normal"]) == 1 and len(calls["direct"]) == 2
-    grid, nargs, kw = calls["normal"][0]
+    grid, nargs, kw, dargs = fake_gluon_launch.first_launches(calls)
     num_m = -(-N // 128)
     assert grid == (min(132, num_m * B * H),)
     assert [d.block for d in nargs[:3]] == [[1, 1, 64, D], [1, 1, 128, D], [1, 1, 128, D]]
     assert kw == dict(HEAD_DIM=D, BLOCK_N=128, STAGES=3, CAUSAL=True, NUM_CONS=2, CONS_REGS=240, PP=True, num_warps=4)
-    d = calls["direct"][0]
-    assert d[:7] == (grid[0], 1, 1, 77, 5, ("md",), None)
-    dargs = d[9:]
-    for nd, dd in zip(nargs[:3], dargs[:3]):
-        assert dd.base is nd.base and list(dd.shape) == list(nd.shape) and list(dd.strides) == list(nd.strides)
-        assert dd.padding == "zero"
     assert dargs[3] is out and dargs[4] is lse and dargs[5:18] == nargs[5:]
     assert dargs[5:10] == (*out.stride()[:3], *lse.stride()[:2])
     assert dargs[10:17] == (H, H // Hkv, N, N, num_m, num_m * B * H, 2)

@@ -1002,62 +1002,18 @@ def test_sm90_dispatch_and_fallbacks(monkeypatch):
         gmod._launch(A, W.t(), sa, sb, None, torch.float32, dict(cfg, SM90_BLOCK_N=96))
 
 
-def test_sm90_launch_plan_direct_args(monkeypatch):
+def test_sm90_launch_plan_direct_args(fake_gluon_launch):
     """No GPU needed: the SM90 GEMM plan's first call goes through ``kernel[grid]`` with real tensor
     descriptors; later calls launch the captured kernel directly with ``Desc`` stand-ins carrying the same
     base/shape/strides, the same scalars and the constexpr tail in signature order, on the same grid."""
     from int8_gemm.ops import _gemm_sm90 as S
 
-    calls = {"normal": [], "direct": []}
+    def fn(a_desc, b_desc, c_desc, C, SA, SB, BIAS, M, N, K, stride_cm, stride_sa, stride_sb, BLOCK_M,
+           BLOCK_N, BLOCK_K, GROUP_M, STAGES, A_BOXES, HAS_BIAS, OUT_INT32, EVEN_N, EPI_TMA, CONS_REGS,
+           PROD_REGS):  # fmt: skip
+        pass
 
-    class FakeCompiled:
-        function, packed_metadata = 5, ("md",)
-
-        def run(self, *a):
-            calls["direct"].append(a)
-
-    class FakeKernel:
-        def __init__(self):
-            def fn(a_desc, b_desc, c_desc, C, SA, SB, BIAS, M, N, K, stride_cm, stride_sa, stride_sb, BLOCK_M,
-                   BLOCK_N, BLOCK_K, GROUP_M, STAGES, A_BOXES, HAS_BIAS, OUT_INT32, EVEN_N, EPI_TMA, CONS_REGS,
-                   PROD_REGS):  # fmt: skip
-                pass
-
-            self.fn = fn
-
-        def __getitem__(self, grid):
-            def go(*args, **kw):
-                calls["normal"].append((grid, args, kw))
-                return FakeCompiled()
-
-            return go
-
-    class FakeDesc:
-        def __init__(self, base, shape, strides, block, layout):
-            self.base, self.shape, self.strides, self.block, self.layout = base, shape, strides, block, layout
-
-    class FakeGl:
-        int8, int32, bfloat16, float16, float32 = "i8", "i32", "bf16", "fp16", "fp32"
-
-        class NVMMASharedLayout:
-            @staticmethod
-            def get_default_for(block, dt):
-                return ("layout", tuple(block), dt)
-
-    props = type("P", (), {"multi_processor_count": 132})()
-    monkeypatch.setattr(S, "_int8_gemm_sm90_kernel", FakeKernel(), raising=False)
-    monkeypatch.setattr(S, "TensorDescriptor", FakeDesc, raising=False)
-    monkeypatch.setattr(S, "gl", FakeGl, raising=False)
-    monkeypatch.setattr(S.direct, "ENABLED", True)
-    chain = type("HookChain", (), {"calls": []})  # Triton's launch hook chains, empty (no profiler)
-    hooks = type("R", (), {"launch_enter_hook": chain(), "launch_exit_hook": chain()})
-    monkeypatch.setattr(S.direct, "_knobs", type("K", (), {"runtime": hooks}))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: props)
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 77, raising=False)
-    monkeypatch.setattr(S, "_PLANS", {})
+    calls = fake_gluon_launch(S, "_int8_gemm_sm90_kernel", fn)
     M, N, K = 1000, 1500, 2064
     A = torch.zeros(M, K + 16, dtype=torch.int8)[:, :K]  # a padded-row view
     W = torch.zeros(N, K, dtype=torch.int8)
@@ -1067,7 +1023,7 @@ def test_sm90_launch_plan_direct_args(monkeypatch):
     for _ in range(3):
         S.launch(A, W, sa, sb, bias, out, False, cfg)
     assert len(calls["normal"]) == 1 and len(calls["direct"]) == 2
-    grid, nargs, kw = calls["normal"][0]
+    grid, nargs, kw, dargs = fake_gluon_launch.first_launches(calls)
     assert grid == (min(132, 8 * 6),)
     # N = 1500 bf16 rows are 3000 bytes, not a TMA stride: register epilogue, A's descriptor as the unused c_desc
     assert [d.block for d in nargs[:2]] == [[64, 128], [256, 128]] and nargs[2] is nargs[0]
@@ -1076,12 +1032,6 @@ def test_sm90_launch_plan_direct_args(monkeypatch):
     assert kw == dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, GROUP_M=16, STAGES=4, A_BOXES=2, HAS_BIAS=True,
                       OUT_INT32=False, EVEN_N=False, EPI_TMA=False, CONS_REGS=232, PROD_REGS=40,
                       num_warps=4)  # fmt: skip
-    d = calls["direct"][0]
-    assert d[:7] == (grid[0], 1, 1, 77, 5, ("md",), None)
-    dargs = d[9:]
-    for nd, dd in zip(nargs[:3], dargs[:3]):
-        assert dd.base is nd.base and list(dd.shape) == list(nd.shape) and list(dd.strides) == list(nd.strides)
-        assert dd.padding == "zero"
     assert dargs[3] is out and dargs[4] is sa and dargs[5] is sb and dargs[6] is bias and dargs[7:13] == nargs[7:]
     assert dargs[7:13] == (M, N, K, N, 1, 0)  # stride_sa 1, stride_sb 0 (a scalar scale)
     assert dargs[13:] == (128, 256, 128, 16, 4, 2, True, False, False, False, 232, 40)  # the constexpr tail

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .._common import direct
+from .._common import capability, direct
 
 try:  # Gluon ships with Triton >= 3.5; without it this kernel is simply never chosen
     from triton.experimental import gluon
@@ -47,7 +47,7 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     HEAD_DIMS, unit last stride, 16-byte aligned base and outer strides (TMA's rules)."""
     if not HAS_GLUON or q.device.type != "cuda" or q.dim() != 4:
         return False
-    if _capability(q.device) != (9, 0):
+    if capability(q.device) != (9, 0):
         return False
     if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in HEAD_DIMS:
         return False
@@ -334,16 +334,6 @@ if HAS_GLUON:
                 [4, 4, 1],
                 [CONS_REGS, CONS_REGS, 24],
             )  # fmt: skip
-
-
-_CAP: dict[int, tuple[int, int]] = {}
-
-
-def _capability(dev: torch.device) -> tuple[int, int]:
-    i = dev.index if dev.index is not None else torch.cuda.current_device()
-    if i not in _CAP:
-        _CAP[i] = torch.cuda.get_device_capability(i)
-    return _CAP[i]
 
 
 class _Plan:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .._common import direct
+from .._common import capability, direct
 
 try:  # Gluon ships with Triton >= 3.5; without it this kernel is simply never chosen
     from triton.experimental import gluon
@@ -97,7 +97,7 @@ def eligible(A: torch.Tensor, Bnk: torch.Tensor, check_ptr: bool = True) -> bool
     are TMA's rules. check_ptr=False: the part a launch plan pins (everything but the bases, ``aligned``)."""
     if not HAS_GLUON or A.device.type != "cuda" or A.dim() != 2 or Bnk.dim() != 2:
         return False
-    if A.shape[1] != Bnk.shape[1] or A.shape[1] == 0 or _capability(A.device) != (9, 0):
+    if A.shape[1] != Bnk.shape[1] or A.shape[1] == 0 or capability(A.device) != (9, 0):
         return False
     for t in (A, Bnk):
         if t.dtype != torch.int8 or t.stride(1) != 1 or t.stride(0) % 16:
@@ -328,16 +328,6 @@ if HAS_GLUON:
             [4, 1],
             [CONS_REGS, PROD_REGS],
         )  # fmt: skip
-
-
-_CAP: dict[int, tuple[int, int]] = {}
-
-
-def _capability(dev: torch.device) -> tuple[int, int]:
-    i = dev.index if dev.index is not None else torch.cuda.current_device()
-    if i not in _CAP:
-        _CAP[i] = torch.cuda.get_device_capability(i)
-    return _CAP[i]
 
 
 def kernel_constexprs(c: dict, has_bias: bool, out_int32: bool, even_n: bool, epi_tma: bool) -> dict:
