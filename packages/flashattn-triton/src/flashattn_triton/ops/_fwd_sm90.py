@@ -388,7 +388,9 @@ def launch(q, k, v, out, lse, causal: bool, sm_scale: float, cfg: dict) -> None:
     Config keys (the fwd entries of tuning.json): SM90_BLOCK_N (key tile, 64 or 128), SM90_STAGES (K/V ring),
     SM90_CONS (consumer warpgroups of 64 query rows: 2, or 3 with a smaller register budget each), SM90_PERSIST
     (1: one CTA per SM walking tiles, the producer running ahead into the next tile; 0: one CTA per tile, which
-    the hardware hands out dynamically -- better balanced for causal tiles of unequal cost)."""
+    the hardware hands out dynamically -- better balanced for causal tiles of unequal cost), SM90_LPT (causal:
+    head groups of this size, longest row blocks of a group first; see ``_tile``), SM90_PP (1: the consumer
+    warpgroups issue their wgmma in round-robin turns)."""
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), lse.stride(), q.dtype, q.device,
            bool(causal), *(cfg.get(c) for c in _CFG_KEYS))  # fmt: skip
     plan = _PLANS.get(key)
