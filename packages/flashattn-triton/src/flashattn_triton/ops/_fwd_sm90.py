@@ -380,6 +380,7 @@ def _lpt_group(bh: int, want: int) -> int:
 
 
 _PLANS: dict[tuple, _Plan] = {}
+_MAX_PLANS = 1024
 _CFG_KEYS = ("SM90_BLOCK_N", "SM90_CONS", "SM90_STAGES", "SM90_PERSIST", "SM90_LPT", "SM90_PP")
 
 
@@ -395,6 +396,8 @@ def launch(q, k, v, out, lse, causal: bool, sm_scale: float, cfg: dict) -> None:
            bool(causal), *(cfg.get(c) for c in _CFG_KEYS))  # fmt: skip
     plan = _PLANS.get(key)
     if plan is None:
+        if len(_PLANS) >= _MAX_PLANS:  # e.g. a server seeing every sequence length: bounded, rebuilt on demand
+            _PLANS.clear()
         plan = _PLANS[key] = _Plan(q, k, causal, cfg)
     qs, ks, vs = list(q.shape), list(k.shape), list(v.shape)
     qst, kst, vst = list(q.stride()), list(k.stride()), list(v.stride())
