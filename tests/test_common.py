@@ -73,6 +73,11 @@ def test_tuning_table_lookup_and_arch_fallback(tmp_path):
     assert t.lookup("sm100", M=4)["BLOCK"] == 256  # nearest lower overall
     assert t.lookup("sm75")["BLOCK"] == 64  # older than any entry: the oldest table
     assert t.lookup("cpu")["BLOCK"] == 8
+    # memoized per key, and every caller gets its own copy: mutating one never reaches the table
+    got = t.lookup("sm86", M=17, dtype="bf16")
+    got["BLOCK"] = -1
+    assert t.lookup("sm86", dtype="bf16", M=17)["BLOCK"] == 128
+    assert t.table["sm86"][1]["config"] == {"BLOCK": 128}
     with pytest.raises(KeyError):
         TuningTable({"sm90": [{"match": {"M": 1}, "config": {}}]}).lookup("sm90", M=2)
 

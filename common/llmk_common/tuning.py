@@ -57,6 +57,7 @@ def _matches(match: dict[str, Any], key: dict[str, Any]) -> bool:
 class TuningTable:
     def __init__(self, table: dict[str, list[dict[str, Any]]]):
         self.table = table
+        self._memo: dict[tuple, dict[str, Any]] = {}  # lookup results: ops ask on every call
 
     @classmethod
     def from_json(cls, path: str | Path) -> TuningTable:
@@ -77,11 +78,19 @@ class TuningTable:
         raise KeyError(f"tuning table has no entry usable for {arch}")
 
     def lookup(self, arch: str, **key: Any) -> dict[str, Any]:
-        entries = self.table[self.resolve_arch(arch)]
-        for entry in entries:
-            if _matches(entry.get("match", {}), key):
-                return dict(entry["config"])
-        raise KeyError(f"no tuning entry for {arch} {key}")
+        """The config of the first entry matching ``key`` (a fresh copy); memoized per table, so the
+        linear scan runs once per distinct key."""
+        memo_key = (arch, tuple(sorted(key.items())))
+        cfg = self._memo.get(memo_key)
+        if cfg is None:
+            entries = self.table[self.resolve_arch(arch)]
+            cfg = next((e["config"] for e in entries if _matches(e.get("match", {}), key)), None)
+            if cfg is None:
+                raise KeyError(f"no tuning entry for {arch} {key}")
+            if len(self._memo) >= 4096:
+                self._memo.clear()
+            self._memo[memo_key] = cfg
+        return dict(cfg)
 
 
 @cache

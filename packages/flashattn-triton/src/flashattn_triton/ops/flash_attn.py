@@ -15,7 +15,6 @@ Conventions used by every kernel here:
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from pathlib import Path
@@ -1240,13 +1239,14 @@ def seqlen_bucket(n: int) -> int:
 
 
 def _table_config(kernel: str, arch: str, head_dim: int, causal: bool, seqlen: int, dtype: torch.dtype) -> dict:
-    return dict(_table_entry(kernel, arch, _block_d(head_dim), bool(causal), seqlen_bucket(seqlen), dtype))
-
-
-@functools.lru_cache(maxsize=1024)
-def _table_entry(kernel: str, arch: str, bd: int, causal: bool, bucket: int, dtype: torch.dtype) -> dict:
-    # memoized: the table's linear scan is on every call's path; callers get a copy
-    return _TUNING.lookup(arch, kernel=kernel, head_dim=bd, causal=causal, seqlen=bucket, dtype=_DTYPE_KEY[dtype])
+    return _TUNING.lookup(
+        arch,
+        kernel=kernel,
+        head_dim=_block_d(head_dim),
+        causal=bool(causal),
+        seqlen=seqlen_bucket(seqlen),
+        dtype=_DTYPE_KEY[dtype],
+    )
 
 
 def autotune_enabled() -> bool:

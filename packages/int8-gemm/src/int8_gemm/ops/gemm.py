@@ -776,18 +776,16 @@ def _auto_split_k(M: int, N: int, K: int, cfg: dict[str, Any], num_sms: int) -> 
     return split
 
 
-@functools.lru_cache(maxsize=64)
 def _arch(device: torch.device) -> str:
-    return arch_key(device)
+    return arch_key(device)  # (cached per device in llmk_common)
 
 
-@functools.lru_cache(maxsize=4096)
 def _table_config(arch: str, M: int, N: int, K: int, b_kmajor: bool) -> dict[str, Any]:
-    return _table().lookup(arch, M=M, N=N, K=K, b_kmajor=b_kmajor)
+    return _table().lookup(arch, M=M, N=N, K=K, b_kmajor=b_kmajor)  # memoized by the table
 
 
 def _config_for(M: int, N: int, K: int, device: torch.device, b_kmajor: bool) -> dict[str, Any]:
-    """Config for one call (cached: decode calls this per token). Callers must not mutate it."""
+    """Config for one call (the table lookup is memoized: decode calls this per token)."""
     arch = _arch(device)
     autotune = os.environ.get("INT8_GEMM_AUTOTUNE", "0") not in ("", "0")
     if autotune and device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
