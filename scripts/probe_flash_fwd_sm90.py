@@ -1,6 +1,7 @@
 """H200 probe: the SM90 (Gluon, warp-specialized) attention forward vs the portable kernel, cuDNN and FA2.
 
-    python scripts/probe_flash_fwd_sm90.py OUTDIR [--budget 180]
+    python scripts/probe_flash_fwd_sm90.py OUTDIR [--budget 180] [--check full|new|none] [--causal-only]
+                                              [--only V1+V2] [--skip V3+V4] [--n 1024,2048]
 
 (1) Correctness of every SM90 variant on odd shapes (ragged N, Nq != Nk both ways with bottom-right causal,
 GQA, a (B, N, H, D) view, single rows), bf16 and fp16, outputs poisoned with NaN first: rel err of out and
@@ -60,7 +61,11 @@ VARIANTS = {  # name -> SM90 config keys (C3 = three consumer warpgroups, np = o
 DIMS = {"p3c64s4": (128,), "p128s4": (64,), "np128s4": (64,), "p3c128s4": (64,)}  # D128: shared memory
 DIMS.update({n: (64,) for n in ("np128s4g8", "np128s4g32", "p128s4pp", "p3c128s4pp", "np128s4ppg8")})
 CAUSAL_ONLY = {n for n, c in VARIANTS.items() if c.get("SM90_LPT")} | {"np64s6"}  # LPT: causal tiles only
-NEW = {"np64s6", "np64s6g8"}  # --check new: the variants added last (LPT and PP passed on 2026-12-01)
+# --check new: the variants added last. Session 7 (2026-12-01) also probed a consumer that software-pipelines
+# tiles across their boundary (next tile's S(0) issued behind the last P V, optional second Q buffer): 3-37%
+# slower than the shipped tables at N 1k-4k and wrong on ragged shapes; not kept (see
+# benchmarks/results/probes/h200-probe_fwd_sm90-xt.json and the .patch beside it).
+NEW = {"np64s6", "np64s6g8"}
 # (B, H, Hkv, Nq, Nk, bnhd): ragged, Nq < Nk, Nq > Nk (rows with no key when causal), GQA, BNHD view, tiny
 CHECK_SHAPES = [
     (1, 3, 3, 77, 300, False),
@@ -135,8 +140,14 @@ def main() -> None:
     )
     ap.add_argument("--causal-only", action="store_true", help="time the causal buckets only")
     ap.add_argument("--skip", default="", help="variant names not to time, separated by commas or +")
+    ap.add_argument("--only", default="", help="time (and check) only these variants, separated by commas or +")
+    ap.add_argument("--n", default="16384,4096,1024,8192,2048", help="sequence lengths to time, in order")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.replace("+", ",").split(",")))
+    only = set(filter(None, args.only.replace("+", ",").split(",")))
+    if only:
+        skip |= set(VARIANTS) - only
+    n_list = [int(n) for n in args.n.split(",")]
     out_dir = Path(args.outdir)
     out_dir.mkdir(parents=True, exist_ok=True)
     budget = Budget(args.budget)
@@ -151,7 +162,7 @@ def main() -> None:
     for D in (128, 64) if args.check != "none" else ():
         for dt in (torch.bfloat16,):  # fp16: the GPU tests
             for name, cfg in VARIANTS.items():
-                if D not in DIMS.get(name, (64, 128)) or (args.check == "new" and name not in NEW):
+                if D not in DIMS.get(name, (64, 128)) or (args.check == "new" and name not in NEW) or name in skip:
                     continue
                 try:
                     good, errs = check(cfg, dt, D)
@@ -166,7 +177,7 @@ def main() -> None:
 
     for D in (128, 64):
         for causal in (True,) if args.causal_only else (False, True):
-            for N in (16384, 4096, 1024, 8192, 2048):
+            for N in n_list:
                 if not budget.ok(6):
                     res["skipped"].append(f"D{D} N{N} causal={causal}")
                     continue
@@ -184,6 +195,7 @@ def main() -> None:
                         res["skipped"].append(f"{an} D{D} N{N}: {str(e)[:80]}")
                 base = {kk: vv for kk, vv in shipped.items() if not kk.startswith("SM90")}
                 row["ms"]["portable"] = time_ms(lambda: run(base, q, k, v, causal, scale))  # noqa: B023
+                row["ms"]["shipped"] = time_ms(lambda: run(shipped, q, k, v, causal, scale))  # noqa: B023
                 for name, over in VARIANTS.items():
                     if (name in CAUSAL_ONLY and not causal) or name in skip:
                         continue
@@ -201,7 +213,7 @@ def main() -> None:
     for row in res["fwd"]:
         groups.setdefault((row["D"], row["causal"], BUCKET_OF[row["N"]]), []).append(row)
     for (D, causal, bk), rows in groups.items():
-        names = [n for n in ["portable", *VARIANTS] if all(n in r["ms"] for r in rows)]
+        names = [n for n in ["portable", "shipped", *VARIANTS] if all(n in r["ms"] for r in rows)]
         if not names:
             continue
         gm = {n: math.exp(sum(math.log(r["ms"][n]) for r in rows) / len(rows)) for n in names}
@@ -211,6 +223,8 @@ def main() -> None:
             best = "portable"  # within noise: keep the portable kernel
         # every timed bucket gets an entry, so a bucket where the portable kernel wins drops the SM90 keys
         base = {kk: vv for kk, vv in rows[0]["shipped"].items() if not kk.startswith("SM90")}
+        if best == "shipped":
+            continue  # the table already holds it
         for dts in ("bf16", "fp16"):
             match = dict(kernel="fwd", head_dim=D, causal=causal, seqlen=BUCKETS[bk], dtype=dts)
             frag.append(dict(match=match, config=dict(base, **VARIANTS.get(best, {}))))

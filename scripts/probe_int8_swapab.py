@@ -1,7 +1,8 @@
 """H200 probe: int8 decode (M <= 16) as the swap-AB TMA + wgmma kernel (ops/gemm.py
 _int8_gemm_swapab_kernel, "SWAP_AB": 1 configs) vs the shipped table path and bf16 F.linear.
 
-    python scripts/probe_int8_swapab.py OUTDIR [--budget 60] [--workers 12] [--dry-run]
+    python scripts/probe_int8_swapab.py OUTDIR [--budget 60] [--workers 12] [--m 16,1,8]
+                                               [--dry-run]
 
 1. compile: every candidate (GEMM bf16 out, GEMM int32 out, PDL e2e) and the table paths run once
    in spawned worker processes (Triton's on-disk cache), so timing loads compiled kernels.
@@ -37,6 +38,7 @@ torch, G = P.torch, P.G
 F = P.F
 
 GAIN = 1.03  # a fragment entry needs > 3% over the shipped Int8Linear path
+M_LIST = (16, 1, 8)  # --m
 
 
 def sw(bn, bk, s, sk=0, w=4):
@@ -66,7 +68,7 @@ MODES = ("pdl", "two", "gemm")  # priority order within a candidate
 def shapes_for(gpu: bool) -> list[tuple[int, int, int]]:
     if not gpu:
         return [(3, 200, 96), (1, 200, 96)]
-    return [(m, n, k) for m in (16, 1, 8) for n, k in P.LLM_NK]
+    return [(m, n, k) for m in M_LIST for n, k in P.LLM_NK]
 
 
 def cands(gpu: bool) -> dict:
@@ -266,7 +268,10 @@ def main() -> None:
     ap.add_argument("--rep", type=int, default=6, help="CUDA-graph replay ms per measurement")
     ap.add_argument("--dry-run", action="store_true", help="CPU, TRITON_INTERPRET=1, tiny shapes")
     ap.add_argument("--dry-compile", action="store_true", help="with --dry-run: also run the worker pool")
+    ap.add_argument("--m", default="16,1,8", help="token counts to measure, in order")
     args = ap.parse_args()
+    global M_LIST
+    M_LIST = tuple(int(m) for m in args.m.split(","))
     t0 = time.time()
     gpu = torch.cuda.is_available() and not args.dry_run
     dev = torch.device("cuda" if gpu else "cpu")

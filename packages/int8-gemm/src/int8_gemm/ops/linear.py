@@ -37,7 +37,12 @@ FUSED_QUANT_MAX_BYTES = 0
 # weight prefetch ("PREFETCH": 1) made every PDL case slower (+1.4 to +4.8 us). So did a bulk
 # variant tried on the swap-AB kernel (one cp.async.bulk.prefetch.L2 per weight row before the
 # wait; benchmarks/results/probes/h200-probe_int8_swapab_pf.json): M=16 4096x4096 11.8 vs 9.7 us,
-# N=14336 22.9 vs 19.0 us. It was not kept.
+# N=14336 22.9 vs 19.0 us. It was not kept. Session 7 tried the same idea with real loads: a Gluon form of
+# the swap-AB kernel that TMA-loads its first weight stages into shared memory before the wait (16/16 GPU
+# tests passed). Every PDL case got slower than its own two-kernel launch once more than ~64 KB of weight per
+# CTA went out before the wait (M=16 4096x4096: 11.9 vs 11.1 us; shipped path 9.8 us), and the kernel alone
+# was 4-10% slower than the Triton one (benchmarks/results/probes/h200-probe_int8_swapab_gluon.json, the code
+# in the .patch beside it): the early weight stream seems to delay the quantizer rather than hide it.
 # PDL_MAX_M forces PDL for every M <= it (probes, tests).
 PDL_MAX_M = 0
 
