@@ -62,9 +62,10 @@ DIMS = {"p3c64s4": (128,), "p128s4": (64,), "np128s4": (64,), "p3c128s4": (64,)}
 DIMS.update({n: (64,) for n in ("np128s4g8", "np128s4g32", "p128s4pp", "p3c128s4pp", "np128s4ppg8")})
 CAUSAL_ONLY = {n for n, c in VARIANTS.items() if c.get("SM90_LPT")} | {"np64s6"}  # LPT: causal tiles only
 # --check new: the variants added last. Session 7 (2026-12-01) also probed a consumer that software-pipelines
-# tiles across their boundary (next tile's S(0) issued behind the last P V, optional second Q buffer): 3-37%
-# slower than the shipped tables at N 1k-4k and wrong on ragged shapes; not kept (see
-# benchmarks/results/probes/h200-probe_fwd_sm90-xt.json and the .patch beside it).
+# tiles across their boundary (next tile's S(0) issued behind the last P V, optional second Q buffer): its best
+# variant 1-14% slower than the shipped tables at N 1k-4k, and wrong on a ragged shape; not kept (see
+# benchmarks/results/probes/h200-probe_fwd_sm90-xt.json and the .patch beside it), nor was the polynomial
+# exp2 measured with --overlay SM90_EXP_POLY=n (h200-probe_fwd_sm90-exppoly.*).
 NEW = {"np64s6", "np64s6g8"}
 # (B, H, Hkv, Nq, Nk, bnhd): ragged, Nq < Nk, Nq > Nk (rows with no key when causal), GQA, BNHD view, tiny
 CHECK_SHAPES = [
@@ -142,12 +143,21 @@ def main() -> None:
     ap.add_argument("--skip", default="", help="variant names not to time, separated by commas or +")
     ap.add_argument("--only", default="", help="time (and check) only these variants, separated by commas or +")
     ap.add_argument("--n", default="16384,4096,1024,8192,2048", help="sequence lengths to time, in order")
+    ap.add_argument(
+        "--overlay",
+        action="append",
+        default=[],
+        help="also time the shipped config with these keys set, e.g. SM90_EXP_POLY=4 (repeatable; + joins keys)",
+    )
+    ap.add_argument("--dims", default="128,64", help="head dims to time")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.replace("+", ",").split(",")))
     only = set(filter(None, args.only.replace("+", ",").split(",")))
     if only:
         skip |= set(VARIANTS) - only
     n_list = [int(n) for n in args.n.split(",")]
+    dims = [int(d) for d in args.dims.split(",")]
+    overlays = {f"shipped+{o}": {kv.split("=")[0]: int(kv.split("=")[1]) for kv in o.split("+")} for o in args.overlay}
     out_dir = Path(args.outdir)
     out_dir.mkdir(parents=True, exist_ok=True)
     budget = Budget(args.budget)
@@ -175,7 +185,7 @@ def main() -> None:
                 )
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    for D in (128, 64):
+    for D in dims:
         for causal in (True,) if args.causal_only else (False, True):
             for N in n_list:
                 if not budget.ok(6):
@@ -196,6 +206,8 @@ def main() -> None:
                 base = {kk: vv for kk, vv in shipped.items() if not kk.startswith("SM90")}
                 row["ms"]["portable"] = time_ms(lambda: run(base, q, k, v, causal, scale))  # noqa: B023
                 row["ms"]["shipped"] = time_ms(lambda: run(shipped, q, k, v, causal, scale))  # noqa: B023
+                for oname, over in overlays.items():
+                    row["ms"][oname] = time_ms(lambda o=over: run(dict(shipped, **o), q, k, v, causal, scale))  # noqa: B023
                 for name, over in VARIANTS.items():
                     if (name in CAUSAL_ONLY and not causal) or name in skip:
                         continue

@@ -103,9 +103,26 @@ def test_quantize_errors():
         quantize_symmetric(torch.randn(3, 0))
 
 
+def test_quantize_launch_shapes():
+    """GPU launch shapes (pure host logic): decode batches (<= 16 rows) one row per program with ~32 elements a
+    thread; larger batches pack short rows into ~8K-element programs; rows past the one-pass cap take two sweeps."""
+    from int8_gemm.ops import quantize as qmod
+
+    def shape(R, K):
+        grid, kw = qmod._quantize_plan(R, K, True, False, None, False)
+        return grid[0], kw["BLOCK_R"], kw["num_warps"], kw["ONE_PASS"]
+
+    assert shape(16, 4096) == (16, 1, 4, True)
+    assert shape(8, 14336) == (8, 1, 16, True)
+    assert shape(1, 8192) == (1, 1, 8, True)
+    assert shape(64, 4096) == (32, 2, 8, True)  # prefill: packed
+    assert shape(17, 1024) == (3, 8, 8, True)
+    assert shape(4, 40000) == (4, 1, 8, False)  # two sweeps of 4096-element chunks
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("shape", [(4096, 4096), (7, 14336), (3, 40000), (2, 3, 5000)])
+@pytest.mark.parametrize("shape", [(4096, 4096), (7, 14336), (16, 4096), (9, 2048), (3, 40000), (2, 3, 5000)])
 def test_quantize_gpu(shape, dtype):
     torch.manual_seed(4)
     x = (torch.randn(shape, device="cuda") * 5).to(dtype)
