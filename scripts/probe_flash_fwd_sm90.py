@@ -1,7 +1,8 @@
 """H200 probe: the SM90 (Gluon, warp-specialized) attention forward vs the portable kernel, cuDNN and FA2.
 
     python scripts/probe_flash_fwd_sm90.py OUTDIR [--budget 180] [--check full|new|none] [--causal-only]
-                                              [--only V1+V2] [--skip V3+V4] [--n 1024,2048]
+                                              [--only V1+V2] [--skip V3+V4] [--n 1024,2048] [--dims 64]
+                                              [--overlay SM90_KEY=V[+KEY2=V2]]...
 
 (1) Correctness of every SM90 variant on odd shapes (ragged N, Nq != Nk both ways with bottom-right causal,
 GQA, a (B, N, H, D) view, single rows), bf16 and fp16, outputs poisoned with NaN first: rel err of out and
