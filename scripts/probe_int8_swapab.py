@@ -2,7 +2,7 @@
 _int8_gemm_swapab_kernel, "SWAP_AB": 1 configs) vs the shipped table path and bf16 F.linear.
 
     python scripts/probe_int8_swapab.py OUTDIR [--budget 60] [--workers 12] [--m 16,1,8]
-                                               [--dry-run]
+                                               [--nk 4096x4096,...] [--only NAME,...] [--dry-run]
 
 1. compile: every candidate (GEMM bf16 out, GEMM int32 out, PDL e2e) and the table paths run once
    in spawned worker processes (Triton's on-disk cache), so timing loads compiled kernels.
@@ -39,6 +39,8 @@ F = P.F
 
 GAIN = 1.03  # a fragment entry needs > 3% over the shipped Int8Linear path
 M_LIST = (16, 1, 8)  # --m
+NK_LIST: list[tuple[int, int]] = []  # --nk (default: probe_int8.LLM_NK)
+ONLY: list[str] = []  # --only (candidate names; default: all)
 
 
 def sw(bn, bk, s, sk=0, w=4):
@@ -56,6 +58,18 @@ CANDS = {
     "S5 128x512 s3": sw(128, 512, 3),
     # 80 KB of shared memory: two programs per SM, so twice the auto split (two co-resident waves)
     "S6 64x256 s4 2xsk": dict(sw(64, 256, 4), _split_mult=2),
+    # no split: 64 programs at N=4096 each stream 256 KB of the weight, and the split-K tail (int32
+    # partials to L2, the arrival atomic, the partner's partials back) leaves the critical path
+    "S7 64x512 s4 sk1": sw(64, 512, 4, sk=1),
+    "S8 64x256 s8 sk1": sw(64, 256, 8, sk=1),
+    "S9 64x128 s12 sk1": sw(64, 128, 12, sk=1),
+    "S13 64x512 s5 sk1": sw(64, 512, 5, sk=1),
+    "S14 128x512 s3 sk1": sw(128, 512, 3, sk=1),
+    # 32 weight rows: below wgmma's m64, Triton lowers the dot to mma.sync (IMMA.16832) on the
+    # TMA-loaded tiles; N=4096 then has 128 programs with no split and no partials
+    "S10 32x512 s4 sk1": sw(32, 512, 4, sk=1),
+    "S11 32x512 s6 sk1": sw(32, 512, 6, sk=1),
+    "S12 32x256 s8 sk1": sw(32, 256, 8, sk=1),
 }
 DRY_CANDS = {
     "D1 64x32 s2": sw(64, 32, 2),
@@ -68,11 +82,12 @@ MODES = ("pdl", "two", "gemm")  # priority order within a candidate
 def shapes_for(gpu: bool) -> list[tuple[int, int, int]]:
     if not gpu:
         return [(3, 200, 96), (1, 200, 96)]
-    return [(m, n, k) for m in M_LIST for n, k in P.LLM_NK]
+    return [(m, n, k) for m in M_LIST for n, k in (NK_LIST or P.LLM_NK)]
 
 
 def cands(gpu: bool) -> dict:
-    return CANDS if gpu else DRY_CANDS
+    c = CANDS if gpu else DRY_CANDS
+    return {k: v for k, v in c.items() if k in ONLY} if ONLY and gpu else c
 
 
 def resolved(cfg: dict, shape, dev) -> dict:
@@ -269,9 +284,13 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true", help="CPU, TRITON_INTERPRET=1, tiny shapes")
     ap.add_argument("--dry-compile", action="store_true", help="with --dry-run: also run the worker pool")
     ap.add_argument("--m", default="16,1,8", help="token counts to measure, in order")
+    ap.add_argument("--nk", default="", help="(N, K) shapes as NxK,... (default: the LLM shapes)")
+    ap.add_argument("--only", default="", help="candidate names, comma-separated (default: all)")
     args = ap.parse_args()
-    global M_LIST
+    global M_LIST, NK_LIST, ONLY
     M_LIST = tuple(int(m) for m in args.m.split(","))
+    NK_LIST = [tuple(int(a) for a in t.split("x")) for t in args.nk.split(",")] if args.nk else []
+    ONLY = [t.strip() for t in args.only.split(",")] if args.only else []
     t0 = time.time()
     gpu = torch.cuda.is_available() and not args.dry_run
     dev = torch.device("cuda" if gpu else "cpu")

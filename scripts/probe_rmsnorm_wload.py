@@ -1,6 +1,7 @@
 """GPU probe: decode_mma `wload` variants (how W and x reach the tensor cores) vs the current kernel and F.linear.
 
     python scripts/probe_rmsnorm_wload.py OUTDIR [--dry-run] [--budget 45]
+        [--variants WN:KS:WL[:STEPS],...] [--shapes DxN,...] [--m 1,8,16] [--check-m 1,3,16]
 
 Needs the extension built in place (``python -m fused_rmsnorm._build --inplace``). The question: why the
 decode kernel streams large weights at ~3.1-3.4 TB/s where cuBLAS reaches ~3.9 (D4096 N14336 M16:
@@ -18,6 +19,9 @@ decode kernel streams large weights at ~3.1-3.4 TB/s where cuBLAS reaches ~3.9 (
    then the functional call; M in {1, 8, 16} x (4096, 14336), (8192, 8192), (4096, 4096).
 3. OUTDIR/probe_rmsnorm_wload.json (everything), OUTDIR/tuning_sm90_wload.json (decode_mma entries, only
    for variants that are correct and >= 2% faster than wload 0; absent if none) and a table printed last.
+--variants replaces the variant list (wload 0 with the heuristic split is always kept as the baseline),
+--shapes / --m the timed cases (the checks run on the timed shapes plus CHECK_SHAPES' first), e.g. the
+cluster K split at M=16: --variants 4:1:1,8:2:1,8:2:2,4:2:1 --shapes 4096x14336,8192x8192 --m 16.
 Budget-guarded (default 45 s after the imports); --dry-run (or no GPU) runs the same logic on synthetic
 numbers.
 """
@@ -54,13 +58,14 @@ TOL = 1e-2
 L2_BYTES = 50 * 2**20
 WIN = 1.02  # a variant ships only if >= 2% faster than wload 0
 
-Variant = tuple[int, int, int]  # (wn, ksplit, wload); wn = ksplit = 0: the kernel's heuristic
+Variant = tuple[int, ...]  # (wn, ksplit, wload[, steps]); wn = ksplit = 0: the kernel's heuristic
 BASE: Variant = (0, 0, 0)
 VARIANTS: list[Variant] = [BASE, (0, 0, 1), (0, 0, 2), (0, 0, 3), (4, 1, 3), (2, 1, 3)]
 
 
 def vname(v: Variant) -> str:
-    return f"wl{v[2]}" + (f"_wn{v[0]}_ks{v[1]}" if v[:2] != (0, 0) else "")
+    steps = v[3] if len(v) > 3 else 0
+    return f"wl{v[2]}" + (f"_s{steps}" if steps else "") + (f"_wn{v[0]}_ks{v[1]}" if v[:2] != (0, 0) else "")
 
 
 # ------------------------------------------------------------------------------------------- GPU
@@ -95,7 +100,7 @@ def run_gpu(budget: Budget) -> dict:
         stream = torch.cuda.current_stream().cuda_stream  # per call: CUDA-graph capture runs on a side stream
         mod.decode_mma(
             1, x.data_ptr(), D, 0 if folded else g.data_ptr(), w.data_ptr(), D, 0, y.data_ptr(), N, M, N, D,
-            EPS, v[0], v[1], stream, 0, 0, v[2],
+            EPS, v[0], v[1], stream, v[3] if len(v) > 3 else 0, 0, v[2],
         )  # fmt: skip
 
     # ---- 1. correctness
@@ -199,7 +204,7 @@ def run_dry(budget: Budget) -> dict:
                 if v in bad:
                     continue
                 # pretend wload 2 wins on the big weight only, wload 1 is neutral, 3 loses
-                gain = {0: 1.0, 1: 1.0, 2: 0.85 if N * D > 40e6 else 1.01, 3: 1.05}[v[2]] + 0.01 * (v[0] > 0)
+                gain = {0: 1.0, 1: 1.0, 2: 0.85 if N * D > 40e6 else 1.01, 3: 1.05, 4: 0.9}[v[2]] + 0.01 * (v[0] > 0)
                 t[vname(v)] = (floor * 1.25 + 0.8) * gain
                 t[vname(v) + "_fn"] = t[vname(v)] + 0.1
             out["time"].append({"D": D, "N": N, "M": M, "copies": 1, "us": t})
@@ -254,21 +259,23 @@ def vconfig(v: Variant) -> dict:
     cfg = {"path": "decode_mma", "wn": v[0], "ksplit": v[1]}
     if v[2]:
         cfg["wload"] = v[2]
+    if len(v) > 3 and v[3]:
+        cfg["steps"] = v[3]
     return cfg
 
 
 def print_table(out: dict, summ: dict) -> None:
     cols = ["F.linear"] + [vname(v) for v in VARIANTS]
     print("\nfolded W' (module path), CUDA graph, W rotated out of L2; us (TB/s of the best)")
-    print(f"{'case':<18}" + "".join(f"{c:>14}" for c in cols) + f"{'best':>16}{'TB/s':>7}{'xF.lin':>8}{'xwl0':>7}")
+    print(f"{'case':<18}" + "".join(f"{c:>18}" for c in cols) + f"{'best':>20}{'TB/s':>7}{'xF.lin':>8}{'xwl0':>7}")
     for r in out["time"]:
         t = r["us"]
         b = summ["best"].get(f"D{r['D']} N{r['N']} M{r['M']}")
-        row = "".join(f"{t[c]:>14.2f}" if c in t else f"{'-':>14}" for c in cols)
+        row = "".join(f"{t[c]:>18.2f}" if c in t else f"{'-':>18}" for c in cols)
         tail = ""
         if b:
             tbs = (r["N"] * r["D"] * 2) / (b["us"] * 1e-6) / 1e12
-            tail = f"{b['best']:>16}{tbs:>7.2f}{b['vs_flinear']:>8.3f}{b['vs_wl0']:>7.3f}"
+            tail = f"{b['best']:>20}{tbs:>7.2f}{b['vs_flinear']:>8.3f}{b['vs_wl0']:>7.3f}"
         print(f"D{r['D']} N{r['N']} M{r['M']}".ljust(18) + row + tail)
     fn = [c + "_fn" for c in cols[1:] if any(c + "_fn" in r["us"] for r in out["time"])]
     if fn:
@@ -293,7 +300,25 @@ def main() -> int:
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--budget", type=float, default=45.0, help="wall-clock seconds after imports")
+    ap.add_argument("--variants", default="", help="WN:KS:WL[:STEPS],... (replaces the default list)")
+    ap.add_argument("--shapes", default="", help="DxN,... timed (and checked) shapes")
+    ap.add_argument("--m", default="", help="timed M values (each must be 1, 8 or 16: the tuning buckets)")
+    ap.add_argument("--check-m", default="", help="checked M values")
     args = ap.parse_args()
+    global VARIANTS, TIME_SHAPES, CHECK_SHAPES, TIME_M, CHECK_M
+    if args.variants:
+        VARIANTS = [BASE] + [
+            v for v in (tuple(int(a) for a in t.split(":")) for t in args.variants.split(",")) if v != BASE
+        ]
+    if args.shapes:
+        TIME_SHAPES = [tuple(int(a) for a in t.split("x")) for t in args.shapes.split(",")]
+        CHECK_SHAPES = list(dict.fromkeys(TIME_SHAPES + CHECK_SHAPES[:1]))
+    if args.m:
+        TIME_M = [int(a) for a in args.m.split(",")]
+        if any(m not in BUCKETS for m in TIME_M):
+            ap.error(f"--m values must be among {sorted(BUCKETS)}")
+    if args.check_m:
+        CHECK_M = [int(a) for a in args.check_m.split(",")]
     budget = Budget(args.budget)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     dry = args.dry_run or not torch.cuda.is_available()

@@ -150,9 +150,11 @@ def test_extension_path_rejects_cpu_tensors(monkeypatch):
 def test_plan_sm90():
     # decode shapes (M <= 16, the H200 tuner's range) go to the tensor-core decode kernel, larger M
     # to the CUTLASS GEMMs
-    for M, N in ((1, 4096), (8, 4096), (16, 14336)):
+    for M, N in ((1, 4096), (8, 4096), (1, 14336)):
         p = plan("sm90", M, N, 4096, has_gemm=True)
         assert p["path"] == "decode_mma" and p["wn"] == 0 and p["ksplit"] == 0, (M, p)
+    p = plan("sm90", 16, 14336, 4096, has_gemm=True)  # session 8: a 2-CTA cluster halves each CTA's x reads
+    assert p["path"] == "decode_mma" and (p["wn"], p["ksplit"], p.get("wload")) == (8, 2, 1), p
     p = plan("sm90", 17, 4096, 4096, has_gemm=True)
     assert p["path"] == "gemm" and p["config"] == 2
     p = plan("sm90", 128, 8192, 8192, has_gemm=True)  # W-bound: 64x128 cluster-2 (W tiles multicast)

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._common import Backend, check_tensor, select_backend, use_registered_op
+from .._common import Backend, check_tensor, interpreter_enabled, select_backend, use_registered_op
 from .._common import direct as _direct
 
 try:  # programmatic dependent launch (SM90+)
@@ -31,15 +31,28 @@ _MAX_ONE_PASS_INTERP = 4096
 _DECODE_ROWS = 16  # up to this many rows: the decode launch shape (one row per program)
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-# Round-half-even without libdevice: adding 1.5 * 2**23 pushes |y| < 2**22 into a binade whose
-# ulp is 1, so the fp32 add itself rounds to the nearest integer (ties to even); subtracting
-# it back is exact. Works identically on GPU and under the interpreter (numpy fp32).
+# Round-half-even of q = fl32(x * fl32(127 / absmax)), the same on every path (the torch
+# reference rounds the fp32 product too). Under the interpreter (numpy fp32): adding 1.5 * 2**23
+# pushes |y| < 2**22 into a binade whose ulp is 1, so the add itself rounds to the nearest
+# integer (ties to even) and subtracting it back is exact. On the GPU that trick is unsafe: the
+# compiler contracts x * inv + magic into one FMA, which rounds the exact product instead of the
+# fp32 one. For bf16 inputs many products land exactly on .5, and the FMA then rounds them by the
+# sign of inv's rounding error instead of to even: 0.12% of the codes differed from a float64
+# reference on the H200 where the uncontracted product gives ~0.03% (the launch shape decided
+# whether ptxas contracted). So the GPU rounds with cvt.rni, which takes the product as a value.
 _RNE_MAGIC = 12582912.0
 
+if interpreter_enabled():  # decided at import, as triton.jit itself does
 
-@triton.jit
-def _rne(y):
-    return (y + 12582912.0) - 12582912.0
+    @triton.jit
+    def _rne(y):
+        return (y + 12582912.0) - 12582912.0
+
+else:
+
+    @triton.jit
+    def _rne(y):
+        return tl.inline_asm_elementwise("cvt.rni.f32.f32 $0, $1;", "=r,r", [y], dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
