@@ -11,6 +11,7 @@ from flashattn_triton._common import (  # noqa: E402
     TuningTable,
     check_same_device,
     check_tensor,
+    num_sms,
     select_backend,
 )
 
@@ -36,6 +37,20 @@ def test_check_same_device():
     meta = torch.ones(1, device="meta")
     with pytest.raises(ValueError, match="b is on meta but a is on cpu"):
         check_same_device(a=a, b=meta)
+
+
+def test_num_sms(monkeypatch):
+    from flashattn_triton._common import device as dev_mod
+
+    assert num_sms(torch.device("cpu")) == 4 and num_sms(torch.device("cpu"), default=7) == 7
+    props = type("P", (), {"multi_processor_count": 132})()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    dev_mod._sm_count.cache_clear()
+    try:
+        assert num_sms(torch.device("cuda", 0)) == num_sms(0) == num_sms() == 132
+    finally:
+        dev_mod._sm_count.cache_clear()  # no faked count survives into other tests
 
 
 def test_select_backend(monkeypatch):

@@ -7,7 +7,7 @@ import each other.
 """
 
 from .checks import check_same_device, check_tensor
-from .device import Backend, interpreter_enabled, select_backend, use_registered_op
+from .device import Backend, interpreter_enabled, num_sms, select_backend, use_registered_op
 from .tuning import TuningTable, arch_key, capability
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "check_same_device",
     "check_tensor",
     "interpreter_enabled",
+    "num_sms",
     "select_backend",
     "use_registered_op",
 ]

@@ -12,6 +12,7 @@ Ops with no Triton kernel (the CUDA-extension op in ``fused_rmsnorm``) pass
 from __future__ import annotations
 
 import enum
+import functools
 import os
 
 import torch
@@ -67,3 +68,18 @@ def use_registered_op(*tensors: object) -> bool:
             if isinstance(t, FakeTensor) or t.is_meta:
                 return True
     return False
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_sms(device: torch.device | int | None = None, default: int = 4) -> int:
+    """Streaming multiprocessors of a CUDA device (cached per device index); ``default`` for CPU
+    tensors (the interpreter), so launch-shape heuristics stay deterministic there."""
+    if isinstance(device, torch.device):
+        if device.type != "cuda":
+            return default
+        device = device.index
+    return _sm_count(torch.cuda.current_device() if device is None else int(device))

@@ -28,7 +28,16 @@ try:  # host-side TMA descriptors (Triton >= 3.4); without them decode/backward 
 except ImportError:  # pragma: no cover
     _TensorDescriptor = None
 
-from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend, use_registered_op
+from .._common import (
+    Backend,
+    TuningTable,
+    arch_key,
+    check_same_device,
+    check_tensor,
+    num_sms,
+    select_backend,
+    use_registered_op,
+)
 from . import _fwd_sm90
 
 LOG2E = 1.4426950408889634
@@ -1330,9 +1339,7 @@ def get_config(
 
 
 def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
+    return num_sms(device)
 
 
 # --------------------------------------------------------------------------------------------

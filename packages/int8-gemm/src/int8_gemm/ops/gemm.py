@@ -45,7 +45,16 @@ try:  # host-side TMA descriptors (Triton >= 3.4); the TMA variant is skipped wi
 except ImportError:  # pragma: no cover
     _TensorDescriptor = None
 
-from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend, use_registered_op
+from .._common import (
+    Backend,
+    TuningTable,
+    arch_key,
+    check_same_device,
+    check_tensor,
+    num_sms,
+    select_backend,
+    use_registered_op,
+)
 from .._common import direct as _direct
 from . import _gemm_sm90
 from .quantize import MIN_ABSMAX, _rne
@@ -754,9 +763,8 @@ def _table() -> TuningTable:
     return TuningTable.from_json(_TUNING_PATH)
 
 
-@functools.cache
 def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    return num_sms(index)
 
 
 def m_bucket(M: int) -> tuple[int, int]:

@@ -38,8 +38,9 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # compiler contracts x * inv + magic into one FMA, which rounds the exact product instead of the
 # fp32 one. For bf16 inputs many products land exactly on .5, and the FMA then rounds them by the
 # sign of inv's rounding error instead of to even: 0.12% of the codes differed from a float64
-# reference on the H200 where the uncontracted product gives ~0.03% (the launch shape decided
-# whether ptxas contracted). So the GPU rounds with cvt.rni, which takes the product as a value.
+# reference on the H200 (bf16, 16x4096), where an fp32 emulation of the uncontracted product gives
+# 0.01-0.06% (the launch shape decided whether the compiler contracted). So the GPU rounds with
+# cvt.rni, which takes the product as a value.
 _RNE_MAGIC = 12582912.0
 
 if interpreter_enabled():  # decided at import, as triton.jit itself does
