@@ -227,6 +227,19 @@ def test_plan_decode_mma_variant_keys(monkeypatch):
         op.mma_variant_args({"ldpolicy": "evict_last"})
 
 
+def test_rstd_side_ctas():
+    from fused_rmsnorm.ops import rmsnorm_linear as op
+
+    assert op.rstd_side_ctas(1, 512, 4096, 132) == 4  # 4 x 32 tiles of 128x128: 4 SMs idle
+    assert op.rstd_side_ctas(2, 32, 14336, 132) == 20  # 1 x 112 tiles of 64x128
+    assert op.rstd_side_ctas(1, 1024, 2048, 132) == 0  # 4 idle SMs, but N=2048: the GEMM is too short
+    assert op.rstd_side_ctas(3, 128, 8192, 132) == 0  # 2-CTA clusters
+    assert op.rstd_side_ctas(1, 512, 4160, 132) == 0  # 4 x 33 tiles: every SM busy
+    assert op.rstd_side_ctas(0, 4096, 4096, 132) == 0  # several waves
+    assert op.rstd_side_ctas(1, 512, 4096, 129) == 0  # 1 idle SM: below RSTD_SIDE_MIN
+    assert op.rstd_side_ctas(6, 128, 2048, 132) == 0  # stream-K spreads over every SM
+
+
 def test_plan_decode_mma_wload_key(monkeypatch):
     from fused_rmsnorm.ops import rmsnorm_linear as op
 
@@ -337,6 +350,30 @@ def test_gpu_bias_odd_sizes_strided_leading_dims(M, dtype):
     torch.cuda.synchronize()
     assert y.shape == (1, M, N_gemm)
     assert rel_err(y[0], _ref32(x, g, w, b, 1e-5).double()) <= 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 7, 1000])
+@pytest.mark.parametrize("ctas", [1, 3, 132])
+def test_gpu_rstd_side_matches_wide(M, ctas):
+    """The 32-warp side launch (ctas > 0, the SM90 PDL prefill path) sums each row in the same lane
+    order as the 8-rows-per-CTA one: bit-identical, and within fp32 rounding of a float64 reference;
+    rows past the grid are reached by the grid stride; K % 256 != 0 (a partial last lane sweep)."""
+    ext = backend.get_ext(torch.device("cuda"))
+    if ext.kind == "torch":
+        pytest.skip("no extension")
+    m = ext.module
+    D = 2056
+    x = _gpu_case(M, D, 8, torch.bfloat16, seed=M + ctas)[0]
+    s = torch.cuda.current_stream().cuda_stream
+    wide = torch.full((M,), float("nan"), device="cuda")
+    side = torch.full((M,), float("nan"), device="cuda")
+    m.rstd(1, x.data_ptr(), D, wide.data_ptr(), M, D, 1e-6, s)
+    m.rstd(1, x.data_ptr(), D, side.data_ptr(), M, D, 1e-6, s, ctas)
+    torch.cuda.synchronize()
+    assert torch.equal(wide, side)
+    ref = torch.rsqrt(x.double().pow(2).mean(-1) + 1e-6)
+    assert ((side.double() - ref).abs() / ref).max() < 1e-5
 
 
 DEC_M = [1, 2, 3, 8, 16, 17, 31, 32]

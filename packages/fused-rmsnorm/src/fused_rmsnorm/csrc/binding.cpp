@@ -124,11 +124,13 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "rstd",
       [](int dtype, std::uintptr_t x, int64_t ldx, std::uintptr_t out, int64_t M, int64_t K, float eps,
-         std::uintptr_t stream) {
-        check(frms_rstd(dtype, cptr(x), ldx, reinterpret_cast<float*>(out), M, K, eps, mptr(stream)), "rstd");
+         std::uintptr_t stream, int ctas) {
+        check(frms_rstd(dtype, cptr(x), ldx, reinterpret_cast<float*>(out), M, K, eps, ctas, mptr(stream)), "rstd");
       },
+      "rstd[m] = rsqrt(mean(x[m]^2) + eps) in fp32. ctas: 0 = 8 rows per CTA; > 0 = at most ctas 32-warp CTAs "
+      "striding over the rows (for the SMs a programmatic-dependent SM90 GEMM leaves idle).",
       py::arg("dtype"), py::arg("x"), py::arg("ldx"), py::arg("rstd"), py::arg("M"), py::arg("K"), py::arg("eps"),
-      py::arg("stream"));
+      py::arg("stream"), py::arg("ctas") = 0);
 
   m.def(
       "gemm_sm90",

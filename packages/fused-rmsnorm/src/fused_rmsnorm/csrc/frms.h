@@ -61,7 +61,9 @@ int frms_decode_mma(int dtype, const void* x, int64_t ldx, const void* g, const 
                     int ksplit, int steps, int ldpolicy, int wload, void* stream);
 
 // rstd[m] = 1 / sqrt(mean_k x[m, k]^2 + eps) in fp32. signal_dependents: trigger Hopper PDL early.
-int frms_rstd(int dtype, const void* x, int64_t ldx, float* rstd, int64_t M, int64_t K, float eps, void* stream);
+// ctas > 0: at most that many 32-warp CTAs striding over the rows (the SMs an SM90 PDL GEMM leaves idle).
+int frms_rstd(int dtype, const void* x, int64_t ldx, float* rstd, int64_t M, int64_t K, float eps, int ctas,
+              void* stream);
 
 // D = (A @ B^T) * rstd[:, None] (+ bias[None, :]); A (M, K) row stride lda, B (N, K) row stride ldb.
 int frms_gemm_sm80(int dtype, int config, const void* a, int64_t lda, const void* b, int64_t ldb, const float* rstd,

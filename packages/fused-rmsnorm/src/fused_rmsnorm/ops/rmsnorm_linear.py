@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import backend as _backend
-from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend
+from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, num_sms, select_backend
 
 _DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1}
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -103,6 +103,31 @@ def plan(arch: str, M: int, N: int, K: int, *, has_gemm: bool, has_mma: bool = T
 
 
 MMA_VARIANT_MAX_M = 16
+# SM90 prefill with a PDL GEMM whose persistent grid leaves SMs idle (e.g. 128 output tiles on 132 SMs):
+# rstd runs as that many 32-warp CTAs on those SMs (csrc/rstd.cu rstd_side_kernel) instead of 8-warp
+# CTAs on nearly every SM, which a GEMM CTA cannot share and so has to wait out. H200, one run
+# (benchmarks/results/probes/h200-probe_rmsnorm_rstd-side.json): B512 D4096 N4096 32.1 -> 30.0 us, but
+# B1024 D2048 N2048 16.2 -> 16.6 (the GEMM's first epilogue then waits for rstd: a few SMs read x at
+# ~0.1 TB/s each) and the cluster-2 config 3 at B128 D8192 43.8 -> 45.2 (rstd CTAs on 4 SMs can block
+# 4 TPCs for 2-CTA clusters). So: no-cluster configs only, and only where the GEMM outlasts the side
+# rstd by ~2x, i.e. N * idle SMs >= RSTD_SIDE_WORK (rstd ~ M*D*2 B / (idle * 0.1 TB/s) against a GEMM of
+# ~2*M*N*D / 600 TFLOP/s; M and D cancel).
+RSTD_SIDE = True
+RSTD_SIDE_MIN = 2
+RSTD_SIDE_WORK = 12000
+_SM90_TILE_NO_CLUSTER = {1: (128, 128), 2: (64, 128)}  # csrc/gemm_sm90.cu configs without clusters, not stream-K
+
+
+def rstd_side_ctas(cfg: int, M: int, N: int, sms: int) -> int:
+    """SMs the SM90 GEMM config ``cfg`` leaves idle at (M, N) when the side rstd launch pays there
+    (see RSTD_SIDE_WORK), else 0."""
+    if not RSTD_SIDE or cfg not in _SM90_TILE_NO_CLUSTER:
+        return 0
+    bm, bn = _SM90_TILE_NO_CLUSTER[cfg]
+    free = sms - (-(-M // bm)) * (-(-N // bn))
+    return free if free >= RSTD_SIDE_MIN and N * free >= RSTD_SIDE_WORK else 0
+
+
 _LDPOLICY = {"evict_first": 0, "plain": 1}
 
 
@@ -264,7 +289,11 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
         )  # fmt: skip
         return out.reshape(*lead, N)
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
-    mod.rstd(dt, x2.data_ptr(), _ld(x2), rstd.data_ptr(), M, D, float(eps), stream)
+    # Hopper PDL GEMM with idle SMs: rstd on exactly those SMs (csrc/rstd.cu rstd_side_kernel)
+    side = 0
+    if p["path"] == "gemm" and cap[0] == 9 and bool(p.get("pdl", True)):
+        side = rstd_side_ctas(int(p.get("config", 0)), M, N, num_sms(x.device))
+    mod.rstd(dt, x2.data_ptr(), _ld(x2), rstd.data_ptr(), M, D, float(eps), stream, side)
     a, wf = _gemm_operands(x2, w_norm, w_lin, w_folded)
     wf = _as_2d_rows(wf, "w_folded")
     if p["path"] == "gemm":
