@@ -8,16 +8,9 @@
 namespace {
 constexpr int kRowsPerBlock = 8;
 
+// One warp: rstd of the row at xr (lane order fixed, so every launch shape gives the same bits).
 template <typename T>
-__global__ void __launch_bounds__(kRowsPerBlock * 32)
-    rstd_kernel(const T* __restrict__ x, int64_t ldx, float* __restrict__ rstd, int64_t M, int64_t K, float eps) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-  const int lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-  if (row >= M) return;
-  const T* xr = x + row * ldx;
+__device__ __forceinline__ float row_rstd(const T* __restrict__ xr, int64_t K, float eps, int lane) {
   const int64_t chunks = K / frms::kVec;
   float ss = 0.f;
 #pragma unroll 4
@@ -27,8 +20,20 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
 #pragma unroll
     for (int j = 0; j < 8; ++j) ss = fmaf(f[j], f[j], ss);
   }
-  ss = frms::warp_sum(ss);
-  if (lane == 0) rstd[row] = rsqrtf(ss / float(K) + eps);
+  return rsqrtf(frms::warp_sum(ss) / float(K) + eps);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kRowsPerBlock * 32)
+    rstd_kernel(const T* __restrict__ x, int64_t ldx, float* __restrict__ rstd, int64_t M, int64_t K, float eps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= M) return;
+  const float r = row_rstd(x + row * ldx, K, eps, lane);
+  if (lane == 0) rstd[row] = r;
 }
 
 // The same sums from a few 32-warp CTAs (grid-striding over the rows), for the Hopper PDL launch when
@@ -46,20 +51,10 @@ __global__ void __launch_bounds__(kSideWarps * 32)
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
   const int lane = threadIdx.x & 31;
-  const int64_t chunks = K / frms::kVec;
   const int64_t stride = int64_t(gridDim.x) * kSideWarps;
   for (int64_t row = int64_t(blockIdx.x) * kSideWarps + (threadIdx.x >> 5); row < M; row += stride) {
-    const T* xr = x + row * ldx;
-    float ss = 0.f;
-#pragma unroll 4
-    for (int64_t c = lane; c < chunks; c += 32) {
-      float f[8];
-      frms::unpack8<T>(frms::ld_stream(xr + c * frms::kVec), f);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) ss = fmaf(f[j], f[j], ss);
-    }
-    ss = frms::warp_sum(ss);
-    if (lane == 0) rstd[row] = rsqrtf(ss / float(K) + eps);
+    const float r = row_rstd(x + row * ldx, K, eps, lane);
+    if (lane == 0) rstd[row] = r;
   }
 }
 }  // namespace
