@@ -63,9 +63,9 @@ def stub(dispatcher: bool, triton_rt: bool = False) -> None:
         return pool[key].as_strided(pool[key].shape, pool[key].stride())
 
     torch.empty = empty
-    G._arch.cache_clear()
+    getattr(G._arch, "cache_clear", lambda: None)()  # memoized in some versions
     G._arch = lambda device: "sm90"
-    G._num_sms = lambda index: 132
+    G.num_sms = lambda device, default=4: 132
     if hasattr(G, "_plan_cache"):
         G._plan_cache.clear()
 

@@ -28,16 +28,8 @@ try:  # host-side TMA descriptors (Triton >= 3.4); without them decode/backward 
 except ImportError:  # pragma: no cover
     _TensorDescriptor = None
 
-from .._common import (
-    Backend,
-    TuningTable,
-    arch_key,
-    check_same_device,
-    check_tensor,
-    num_sms,
-    select_backend,
-    use_registered_op,
-)
+from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend, use_registered_op
+from .._common.device import num_sms
 from . import _fwd_sm90
 
 LOG2E = 1.4426950408889634
@@ -1338,10 +1330,6 @@ def get_config(
     return dict(_AUTOTUNE_CACHE[key])
 
 
-def _num_sms(device: torch.device) -> int:
-    return num_sms(device)
-
-
 # --------------------------------------------------------------------------------------------
 # Input checks
 # --------------------------------------------------------------------------------------------
@@ -1535,7 +1523,7 @@ def _tile_desc(t: torch.Tensor, rows: int, block_d: int):
 def decode_num_splits(device: torch.device, batch_kv_heads: int, nk: int, block_n: int, waves: float = 2) -> int:
     """Enough KV splits that B*Hkv*splits covers ``waves`` waves of SMs (at least one KV tile per split)."""
     n_blocks = triton.cdiv(nk, block_n)
-    want = triton.cdiv(max(1, int(waves * _num_sms(device))), batch_kv_heads)
+    want = triton.cdiv(max(1, int(waves * num_sms(device))), batch_kv_heads)
     return max(1, min(want, n_blocks, 256))
 
 

@@ -45,17 +45,9 @@ try:  # host-side TMA descriptors (Triton >= 3.4); the TMA variant is skipped wi
 except ImportError:  # pragma: no cover
     _TensorDescriptor = None
 
-from .._common import (
-    Backend,
-    TuningTable,
-    arch_key,
-    check_same_device,
-    check_tensor,
-    num_sms,
-    select_backend,
-    use_registered_op,
-)
+from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend, use_registered_op
 from .._common import direct as _direct
+from .._common.device import num_sms
 from . import _gemm_sm90
 from .quantize import MIN_ABSMAX, _rne
 
@@ -763,10 +755,6 @@ def _table() -> TuningTable:
     return TuningTable.from_json(_TUNING_PATH)
 
 
-def _num_sms(index: int) -> int:
-    return num_sms(index)
-
-
 def m_bucket(M: int) -> tuple[int, int]:
     for lo, hi in _M_BUCKETS:
         if lo <= M <= hi:
@@ -996,7 +984,7 @@ def _make_plan(A, B, sa, sb, bias, out_dtype, cfg, quant_a, pdl, allow_fused=Tru
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     split_k = int(cfg.get("SPLIT_K", 1))
     if split_k <= 0:
-        split_k = _auto_split_k(M, N, K, cfg, _num_sms(A.device.index or 0) if on_gpu else 4)
+        split_k = _auto_split_k(M, N, K, cfg, num_sms(A.device) if on_gpu else 4)
     split_k = max(1, min(split_k, _cdiv(K, bk)))  # never below one K block per split
     out_int32 = out_dtype == torch.int32
     common = dict(
@@ -1024,7 +1012,7 @@ def _make_plan(A, B, sa, sb, bias, out_dtype, cfg, quant_a, pdl, allow_fused=Tru
         p.kind = "tma"
         progs = p.num_tiles
         if cfg.get("PERSISTENT", 0) and on_gpu:
-            progs = min(p.num_tiles, _num_sms(A.device.index or 0) * int(cfg.get("PERSISTENT", 1)))
+            progs = min(p.num_tiles, num_sms(A.device) * int(cfg.get("PERSISTENT", 1)))
         p.grid = (progs,)
         p.tma = (bm, bn, bk, progs)
         p.kw = dict(common, num_warps=cfg.get("num_warps", 8), num_stages=cfg.get("num_stages", 3))
@@ -1087,7 +1075,7 @@ def _gemv_plan(p, A, B, cfg, M, N, K, bias, out_dtype, quant_a, on_gpu, allow_fu
     bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
     split_k = int(cfg.get("SPLIT_K", 1))
     if split_k <= 0:
-        split_k = _gemv_split_k(N, K, bn, bk, _num_sms(A.device.index or 0) if on_gpu else 4)
+        split_k = _gemv_split_k(N, K, bn, bk, num_sms(A.device) if on_gpu else 4)
     split_k = max(1, min(split_k, _cdiv(K, bk)))
     fused = split_k > 1 and cfg.get("FUSED_REDUCE", True) and allow_fused
     if quant_a and split_k > 1 and not fused:
@@ -1175,7 +1163,7 @@ def _swapab_plan(p, A, cfg, M, N, K, bias, out_dtype, on_gpu, allow_fused, pdl) 
     bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
     split_k = int(cfg.get("SPLIT_K", 1))
     if split_k <= 0:
-        split_k = _swapab_split_k(N, K, bn, bk, _num_sms(A.device.index or 0) if on_gpu else 4)
+        split_k = _swapab_split_k(N, K, bn, bk, num_sms(A.device) if on_gpu else 4)
     split_k = max(1, min(split_k, _cdiv(K, bk)))
     fused = split_k > 1 and cfg.get("FUSED_REDUCE", True) and allow_fused
     p.split_k, p.fused = split_k, fused
