@@ -19,7 +19,7 @@
 #   wheel  scripts/gpu_rmsnorm_wheel.sh: AOT wheel + JIT-only wheel built (in the background from the
 #          start), installed and GPU-tested (at the end)
 # Puts the packages' src dirs on PYTHONPATH, builds the CUDA extension in place (in the
-# background while the Triton stages run), writes logs + JSON into OUTDIR. Wheels in .whl/
+# background while the Triton stages run; NO_BUILD=1 skips it), writes logs + JSON into OUTDIR. Wheels in .whl/
 # (e.g. the CUTLASS headers, nvidia-cutlass) are installed to /tmp/llmk_site first. Each stage
 # has a time limit (STAGE_LIMIT, or TESTS_LIMIT / BENCH_LIMIT / ...), so one slow stage cannot
 # starve the rest; --pack FILE re-packs OUTDIR into FILE after every stage, so a run cut off
@@ -65,9 +65,17 @@ has() { case ",$STAGES," in *,$1,*) return 0 ;; esac; return 1; }
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"; } > "$W/env.txt" 2>&1
 cat "$W/env.txt"
-timeout "${BUILD_LIMIT:-$LIMIT}" python3 -m fused_rmsnorm._build --inplace > "$W/build.log" 2>&1 &
-BUILD=$!
+# NO_BUILD=1: no extension build (Triton-only runs). Killing the build early is no substitute: timeout
+# stops the python driver, and its nvcc jobs keep every core busy for another minute (a benchmark
+# started meanwhile measures host-bound cases on a loaded CPU).
 BUILT=0
+if [ -n "${NO_BUILD:-}" ]; then
+  BUILT=1
+  echo "build: skipped (NO_BUILD)" | tee -a "$W/summary.txt"
+else
+  timeout "${BUILD_LIMIT:-$LIMIT}" python3 -m fused_rmsnorm._build --inplace > "$W/build.log" 2>&1 &
+  BUILD=$!
+fi
 if has wheel; then  # the wheel builds (CPU only) overlap the GPU stages; their tests run last
   bash scripts/gpu_rmsnorm_wheel.sh /tmp/llmk_wheel build > "$W/wheel_build.log" 2>&1 &
   WHEEL_BUILD=$!
