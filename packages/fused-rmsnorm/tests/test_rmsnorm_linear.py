@@ -355,16 +355,18 @@ def test_gpu_bias_odd_sizes_strided_leading_dims(M, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 7, 1000])
 @pytest.mark.parametrize("ctas", [1, 3, 132])
-def test_gpu_rstd_side_matches_wide(M, ctas):
-    """The 32-warp side launch (ctas > 0, the SM90 PDL prefill path) sums each row in the same lane
-    order as the 8-rows-per-CTA one: bit-identical, and within fp32 rounding of a float64 reference;
-    rows past the grid are reached by the grid stride; K % 256 != 0 (a partial last lane sweep)."""
+@pytest.mark.parametrize("D", [2048, 2056, 8192, 16392])
+def test_gpu_rstd_side_matches_wide(M, ctas, D):
+    """The 32-warp side launch (ctas > 0, the SM90 PDL prefill path) sums each row in the same lane and
+    warp order as the 8-warp one: bit-identical, and within fp32 rounding of a float64 reference; rows
+    past the grid are reached by the grid stride. D picks the warps per row (2048: 1, 2056: 2 with a
+    partial last sweep, 8192: 4, 16392: 8 with a second batch of loads per lane)."""
     ext = backend.get_ext(torch.device("cuda"))
     if ext.kind == "torch":
         pytest.skip("no extension")
     m = ext.module
-    D = 2056
-    x = _gpu_case(M, D, 8, torch.bfloat16, seed=M + ctas)[0]
+    x = _gpu_case(M, D, 8, torch.bfloat16, seed=M + ctas + D)[0]
+    x[M // 2] = 0  # an all-zero row: rstd = 1 / sqrt(eps), finite
     s = torch.cuda.current_stream().cuda_stream
     wide = torch.full((M,), float("nan"), device="cuda")
     side = torch.full((M,), float("nan"), device="cuda")
@@ -374,6 +376,26 @@ def test_gpu_rstd_side_matches_wide(M, ctas):
     assert torch.equal(wide, side)
     ref = torch.rsqrt(x.double().pow(2).mean(-1) + 1e-6)
     assert ((side.double() - ref).abs() / ref).max() < 1e-5
+
+
+@pytest.mark.gpu
+def test_gpu_rstd_side_only_when_a_is_x(monkeypatch):
+    """The side rstd launch (idle SMs of a config-1 GEMM: 4 of 132 at M512 N4096) is used by the module
+    path (A = x, W' folded) but not by the functional call that scales x by g (M < N); both correct."""
+    from fused_rmsnorm.ops import rmsnorm_linear as op
+
+    m = _sm90_ext_or_skip()
+    M, D, N = 512, 256, 4096
+    x, g, w, _ = _gpu_case(M, D, N, torch.bfloat16, seed=11)
+    monkeypatch.setattr(op, "plan", lambda *a, **k: {"path": "gemm", "config": 1, "pdl": True})
+    monkeypatch.setattr(op, "num_sms", lambda dev: 132)
+    seen = []
+    real = m.rstd
+    monkeypatch.setattr(m, "rstd", lambda *a: (seen.append(a[-1] if len(a) > 8 else 0), real(*a))[1])
+    ref = _ref32(x, g, w, None, 1e-6).double()
+    assert rel_err(op.fused_rmsnorm_linear_folded(x, g, w, fold_weight(g, w)), ref) <= 1e-2
+    assert rel_err(fused_rmsnorm_linear(x, g, w), ref) <= 1e-2
+    assert seen == [op.rstd_side_ctas(1, M, N, 132), 0] and seen[0] > 0
 
 
 DEC_M = [1, 2, 3, 8, 16, 17, 31, 32]
@@ -605,9 +627,9 @@ def test_gpu_compute_sanitizer_memcheck(tmp_path):
     script = tmp_path / "case.py"
     script.write_text(
         "import torch\nfrom fused_rmsnorm import fused_rmsnorm_linear\n"
-        "for M in (1, 3, 72, 200):\n"
-        "    x = torch.randn(M, 264, device='cuda').half(); g = torch.randn(264, device='cuda').half()\n"
-        "    w = torch.randn(136, 264, device='cuda').half(); b = torch.randn(136, device='cuda').half()\n"
+        "for M, D in ((1, 264), (3, 264), (72, 264), (200, 264), (200, 8200)):  # 8200: rstd with 8 warps/row\n"
+        "    x = torch.randn(M, D, device='cuda').half(); g = torch.randn(D, device='cuda').half()\n"
+        "    w = torch.randn(136, D, device='cuda').half(); b = torch.randn(136, device='cuda').half()\n"
         "    y = fused_rmsnorm_linear(x, g, w, b)\n"
         "torch.cuda.synchronize(); print('OK')\n"
     )

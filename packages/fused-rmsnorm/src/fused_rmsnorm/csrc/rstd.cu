@@ -1,4 +1,4 @@
-// rstd[m] = 1 / sqrt(mean_k x[m, k]^2 + eps), fp32, one warp per row.
+// rstd[m] = 1 / sqrt(mean_k x[m, k]^2 + eps), fp32, one to eight warps per row.
 // Feeds the prefill GEMM's epilogue. On Hopper it triggers programmatic dependent launch at once so
 // the GEMM (launched with the PDL attribute) runs its whole mainloop while this kernel runs; the
 // GEMM waits for it (griddepcontrol.wait) only in the epilogue, right before reading rstd.
@@ -6,83 +6,132 @@
 #include "vec.cuh"
 
 namespace {
-constexpr int kRowsPerBlock = 8;
+// A row is summed by a group of kWpr warps (1, 2, 4 or 8: the fewest for which each lane has at most
+// kLoads 16-byte chunks of the row), and every lane issues all of its loads before the first FMA. The
+// GEMM this kernel feeds cannot share an SM with it (a GEMM CTA takes the whole register file), so every
+// SM an rstd CTA sits on starts its GEMM tile late by this kernel's latency: one round trip per lane
+// instead of one per 4 chunks (session 10: a warp per row needed 8 dependent round trips at D = 8192).
+constexpr int kLoads = 8;
 
-// One warp: rstd of the row at xr (lane order fixed, so every launch shape gives the same bits).
-template <typename T>
-__device__ __forceinline__ float row_rstd(const T* __restrict__ xr, int64_t K, float eps, int lane) {
-  const int64_t chunks = K / frms::kVec;
-  float ss = 0.f;
-#pragma unroll 4
-  for (int64_t c = lane; c < chunks; c += 32) {
-    float f[8];
-    frms::unpack8<T>(frms::ld_stream(xr + c * frms::kVec), f);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) ss = fmaf(f[j], f[j], ss);
-  }
-  return rsqrtf(frms::warp_sum(ss) / float(K) + eps);
+template <int kWpr>
+__host__ __device__ constexpr bool fits(int64_t K) {
+  return K / frms::kVec <= int64_t(kWpr) * 32 * kLoads;
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kRowsPerBlock * 32)
+inline int warps_per_row(int64_t K) { return fits<1>(K) ? 1 : fits<2>(K) ? 2 : fits<4>(K) ? 4 : 8; }
+
+// Grid-stride over groups of kWarps / kWpr rows per CTA (the trip count is uniform across the CTA, so
+// the partial sums can meet in shared memory behind __syncthreads). Per row the lane / warp order is
+// fixed by (K, kWpr) alone: every launch shape (wide or side) gives the same bits.
+template <typename T, int kWpr, int kWarps>
+__device__ __forceinline__ void rstd_rows(const T* __restrict__ x, int64_t ldx, float* __restrict__ rstd, int64_t M,
+                                          int64_t K, float eps) {
+  constexpr int kRows = kWarps / kWpr;
+  __shared__ float part[kWarps];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int grp = warp / kWpr, w = warp % kWpr;
+  const int64_t chunks = K / frms::kVec;
+  constexpr int kStride = kWpr * 32;  // chunks between one lane's consecutive loads
+  for (int64_t base = int64_t(blockIdx.x) * kRows; base < M; base += int64_t(gridDim.x) * kRows) {
+    const int64_t row = base + grp;
+    float ss = 0.f;
+    if (row < M) {
+      const T* xr = x + row * ldx;
+      for (int64_t c0 = w * 32 + lane; c0 < chunks; c0 += int64_t(kStride) * kLoads) {
+        uint4 v[kLoads];
+#pragma unroll
+        for (int i = 0; i < kLoads; ++i) {
+          const int64_t c = c0 + int64_t(i) * kStride;
+          v[i] = c < chunks ? frms::ld_stream(xr + c * frms::kVec) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int i = 0; i < kLoads; ++i) {
+          float f[8];
+          frms::unpack8<T>(v[i], f);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) ss = fmaf(f[j], f[j], ss);
+        }
+      }
+    }
+    ss = frms::warp_sum(ss);
+    if constexpr (kWpr > 1) {
+      if (lane == 0) part[warp] = ss;
+      __syncthreads();
+      ss = 0.f;
+#pragma unroll
+      for (int i = 0; i < kWpr; ++i) ss += part[grp * kWpr + i];  // fixed order: deterministic
+      __syncthreads();  // before the next iteration overwrites part[]
+    }
+    if (row < M && w == 0 && lane == 0) rstd[row] = rsqrtf(ss / float(K) + eps);
+  }
+}
+
+constexpr int kWideWarps = 8;   // default launch: 8 warps per CTA, one CTA per 8 / kWpr rows
+constexpr int kSideWarps = 32;  // side launch: a few 32-warp CTAs (see frms_rstd)
+
+// minBlocks: lets ptxas keep all kLoads loads of a lane in flight (with the default it stopped at 32
+// registers and interleaved the loads with the FMAs: two round trips)
+template <typename T, int kWpr>
+__global__ void __launch_bounds__(kWideWarps * 32, 2)
     rstd_kernel(const T* __restrict__ x, int64_t ldx, float* __restrict__ rstd, int64_t M, int64_t K, float eps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-  const int lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-  if (row >= M) return;
-  const float r = row_rstd(x + row * ldx, K, eps, lane);
-  if (lane == 0) rstd[row] = r;
+  rstd_rows<T, kWpr, kWideWarps>(x, ldx, rstd, M, K, eps);
 }
 
-// The same sums from a few 32-warp CTAs (grid-striding over the rows), for the Hopper PDL launch when
-// the GEMM's persistent grid leaves SMs idle. A GEMM CTA (384 threads x 168 registers) cannot share an
-// SM with an rstd CTA, so with rstd_kernel's grid (M / 8 CTAs, one on nearly every SM) the GEMM began
-// on most SMs only as those CTAs retired. With ctas = SMs - GEMM CTAs the rstd kernel runs on SMs the
-// GEMM never uses, the GEMM starts everywhere at once, and rstd only has to be done by its epilogue.
-constexpr int kSideWarps = 32;
-
-template <typename T>
-__global__ void __launch_bounds__(kSideWarps * 32)
+// The same sums from a few 32-warp CTAs, for the Hopper PDL launch when the GEMM's persistent grid leaves
+// SMs idle. A GEMM CTA (384 threads x 168 registers) cannot share an SM with an rstd CTA, so with
+// rstd_kernel's grid (one CTA on nearly every SM) the GEMM began on most SMs only as those CTAs retired.
+// With ctas = SMs - GEMM CTAs the rstd kernel runs on SMs the GEMM never uses, the GEMM starts everywhere
+// at once, and rstd only has to be done by its epilogue.
+template <typename T, int kWpr>
+__global__ void __launch_bounds__(kSideWarps * 32, 1)
     rstd_side_kernel(const T* __restrict__ x, int64_t ldx, float* __restrict__ rstd, int64_t M, int64_t K,
                      float eps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-  const int lane = threadIdx.x & 31;
-  const int64_t stride = int64_t(gridDim.x) * kSideWarps;
-  for (int64_t row = int64_t(blockIdx.x) * kSideWarps + (threadIdx.x >> 5); row < M; row += stride) {
-    const float r = row_rstd(x + row * ldx, K, eps, lane);
-    if (lane == 0) rstd[row] = r;
+  rstd_rows<T, kWpr, kSideWarps>(x, ldx, rstd, M, K, eps);
+}
+
+template <typename T, int kWpr>
+void launch(const void* x, int64_t ldx, float* rstd, int64_t M, int64_t K, float eps, int ctas, cudaStream_t s) {
+  const T* xp = static_cast<const T*>(x);
+  if (ctas > 0) {
+    constexpr int rows = kSideWarps / kWpr;
+    const int64_t need = (M + rows - 1) / rows;
+    dim3 grid(unsigned(need < ctas ? need : ctas)), block(kSideWarps * 32);
+    rstd_side_kernel<T, kWpr><<<grid, block, 0, s>>>(xp, ldx, rstd, M, K, eps);
+  } else {
+    constexpr int rows = kWideWarps / kWpr;
+    dim3 grid(unsigned((M + rows - 1) / rows)), block(kWideWarps * 32);
+    rstd_kernel<T, kWpr><<<grid, block, 0, s>>>(xp, ldx, rstd, M, K, eps);
+  }
+}
+
+template <typename T>
+void launch_any(const void* x, int64_t ldx, float* rstd, int64_t M, int64_t K, float eps, int ctas, cudaStream_t s) {
+  switch (warps_per_row(K)) {
+    case 1: return launch<T, 1>(x, ldx, rstd, M, K, eps, ctas, s);
+    case 2: return launch<T, 2>(x, ldx, rstd, M, K, eps, ctas, s);
+    case 4: return launch<T, 4>(x, ldx, rstd, M, K, eps, ctas, s);
+    default: return launch<T, 8>(x, ldx, rstd, M, K, eps, ctas, s);
   }
 }
 }  // namespace
 
-// ctas == 0: one warp per row, 8 rows per CTA; ctas > 0: that many 32-warp CTAs (rstd_side_kernel;
-// the caller passes the SMs the PDL-launched GEMM leaves idle).
+// ctas == 0: 8-warp CTAs, each for 8 / warps_per_row(K) rows; ctas > 0: at most that many 32-warp CTAs
+// (rstd_side_kernel; the caller passes the SMs the PDL-launched GEMM leaves idle). Same bits either way.
 extern "C" int frms_rstd(int dtype, const void* x, int64_t ldx, float* rstd, int64_t M, int64_t K, float eps,
                          int ctas, void* stream) {
   if (M <= 0) return 0;
   if (K <= 0 || K % frms::kVec || ldx % frms::kVec || !frms::aligned16(x) || ctas < 0) return FRMS_ERR_BAD_ARG;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (ctas > 0) {
-    const int64_t need = (M + kSideWarps - 1) / kSideWarps;
-    dim3 grid(unsigned(need < ctas ? need : ctas)), block(kSideWarps * 32);
-    if (dtype == FRMS_DTYPE_F16)
-      rstd_side_kernel<__half><<<grid, block, 0, s>>>(static_cast<const __half*>(x), ldx, rstd, M, K, eps);
-    else if (dtype == FRMS_DTYPE_BF16)
-      rstd_side_kernel<__nv_bfloat16>
-          <<<grid, block, 0, s>>>(static_cast<const __nv_bfloat16*>(x), ldx, rstd, M, K, eps);
-    else
-      return FRMS_ERR_BAD_ARG;
-    return int(cudaGetLastError());
-  }
-  dim3 grid(unsigned((M + kRowsPerBlock - 1) / kRowsPerBlock)), block(kRowsPerBlock * 32);
   if (dtype == FRMS_DTYPE_F16)
-    rstd_kernel<__half><<<grid, block, 0, s>>>(static_cast<const __half*>(x), ldx, rstd, M, K, eps);
+    launch_any<__half>(x, ldx, rstd, M, K, eps, ctas, s);
   else if (dtype == FRMS_DTYPE_BF16)
-    rstd_kernel<__nv_bfloat16><<<grid, block, 0, s>>>(static_cast<const __nv_bfloat16*>(x), ldx, rstd, M, K, eps);
+    launch_any<__nv_bfloat16>(x, ldx, rstd, M, K, eps, ctas, s);
   else
     return FRMS_ERR_BAD_ARG;
   return int(cudaGetLastError());

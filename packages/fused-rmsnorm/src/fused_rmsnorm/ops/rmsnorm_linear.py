@@ -111,7 +111,9 @@ MMA_VARIANT_MAX_M = 16
 # ~0.1 TB/s each) and the cluster-2 config 3 at B128 D8192 43.8 -> 45.2 (rstd CTAs on 4 SMs can block
 # 4 TPCs for 2-CTA clusters). So: no-cluster configs only, and only where the GEMM outlasts the side
 # rstd by ~2x, i.e. N * idle SMs >= RSTD_SIDE_WORK (rstd ~ M*D*2 B / (idle * 0.1 TB/s) against a GEMM of
-# ~2*M*N*D / 600 TFLOP/s; M and D cancel).
+# ~2*M*N*D / 600 TFLOP/s; M and D cancel). Session 10 (faster rstd kernel,
+# benchmarks/results/probes/h200-probe_rmsnorm_rstd-s10*.json): with no threshold B1024 D2048 got slower
+# (16.8-17.3 vs 16.3-16.5 us); at the other 6 shapes the threshold's effect was within run-to-run noise.
 RSTD_SIDE = True
 RSTD_SIDE_MIN = 2
 RSTD_SIDE_WORK = 12000
@@ -288,14 +290,16 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
             int(p.get("grid_blocks", 0)), stream,
         )  # fmt: skip
         return out.reshape(*lead, N)
-    rstd = torch.empty(M, dtype=torch.float32, device=x.device)
-    # Hopper PDL GEMM with idle SMs: rstd on exactly those SMs (csrc/rstd.cu rstd_side_kernel)
-    side = 0
-    if p["path"] == "gemm" and cap[0] == 9 and bool(p.get("pdl", True)):
-        side = rstd_side_ctas(int(p.get("config", 0)), M, N, num_sms(x.device))
-    mod.rstd(dt, x2.data_ptr(), _ld(x2), rstd.data_ptr(), M, D, float(eps), stream, side)
     a, wf = _gemm_operands(x2, w_norm, w_lin, w_folded)
     wf = _as_2d_rows(wf, "w_folded")
+    rstd = torch.empty(M, dtype=torch.float32, device=x.device)
+    # Hopper PDL GEMM with idle SMs: rstd on exactly those SMs (csrc/rstd.cu rstd_side_kernel). Only when
+    # the GEMM's A is x itself: after the per-call x * g of a functional call it made the call slower
+    # (H200, session 10: B512 D4096 N4096 48.9 vs 37.8 us, B256 29.5 vs 23.6; not profiled).
+    side = 0
+    if p["path"] == "gemm" and cap[0] == 9 and bool(p.get("pdl", True)) and a is x2:
+        side = rstd_side_ctas(int(p.get("config", 0)), M, N, num_sms(x.device))
+    mod.rstd(dt, x2.data_ptr(), _ld(x2), rstd.data_ptr(), M, D, float(eps), stream, side)
     if p["path"] == "gemm":
         cfg = int(p.get("config", 0))
         if cap[0] == 9:
