@@ -13,12 +13,12 @@ namespace {
 // instead of one per 4 chunks (session 10: a warp per row needed 8 dependent round trips at D = 8192).
 constexpr int kLoads = 8;
 
-template <int kWpr>
-__host__ __device__ constexpr bool fits(int64_t K) {
-  return K / frms::kVec <= int64_t(kWpr) * 32 * kLoads;
+inline int warps_per_row(int64_t K) {
+  const int64_t chunks = K / frms::kVec;
+  for (int w = 1; w < 8; w *= 2)
+    if (chunks <= int64_t(w) * 32 * kLoads) return w;
+  return 8;  // longer rows: more than one batch of kLoads per lane
 }
-
-inline int warps_per_row(int64_t K) { return fits<1>(K) ? 1 : fits<2>(K) ? 2 : fits<4>(K) ? 4 : 8; }
 
 // Grid-stride over groups of kWarps / kWpr rows per CTA (the trip count is uniform across the CTA, so
 // the partial sums can meet in shared memory behind __syncthreads). Per row the lane / warp order is
