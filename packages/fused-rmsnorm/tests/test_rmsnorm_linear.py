@@ -12,7 +12,7 @@ import fused_rmsnorm
 import pytest
 import torch
 from fused_rmsnorm import _build, backend
-from fused_rmsnorm.ops.rmsnorm_linear import fold_weight, fused_rmsnorm_linear, plan
+from fused_rmsnorm.ops.rmsnorm_linear import SM90_NUM_CONFIGS, fold_weight, fused_rmsnorm_linear, plan
 
 
 def ref64(x, g, w, b, eps):
@@ -768,7 +768,9 @@ def _sm90_ext_or_skip():
     return ext.module
 
 
-SM90_CASES = [(c, 0, 1, 1) for c in range(7)] + [(c, 2, 4, 1) for c in range(7)] + [(1, 1, 8, 1), (6, 1, 2, 3)]
+SM90_CASES = [(c, 0, 1, 1) for c in range(SM90_NUM_CONFIGS)] + [(c, 2, 4, 1) for c in range(SM90_NUM_CONFIGS)]
+SM90_CASES += [(1, 1, 8, 1), (6, 1, 2, 3)]
+SM90_SWAP_CONFIGS = (7, 8)  # csrc/gemm_sm90.cu: D^T = W' x^T (W rows x tokens tiles)
 
 
 @pytest.mark.gpu
@@ -797,6 +799,42 @@ def test_gpu_sm90_every_config_and_knob(config, raster, swizzle, splits, M, dtyp
         torch.cuda.synchronize()
         assert y.shape == (M, N) and torch.isfinite(y).all()
         assert rel_err(y, ref) <= 1e-2, cfg
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 5, 16, 17, 33])
+@pytest.mark.parametrize("config", SM90_SWAP_CONFIGS)
+def test_gpu_sm90_swap_ab_configs(config, M, dtype, monkeypatch):
+    """The swap-AB decode configs (output written as a column-major D^T, rstd a row broadcast, bias a
+    column broadcast): token counts off the 16/32 tile, a partial last W-row tile (N = 936: 15 tiles
+    of 64 rows, an odd count for the 2-CTA clusters), x with padded rows, bias, module and functional
+    operands, and a CUDA-graph replay."""
+    from fused_rmsnorm.ops import rmsnorm_linear as op
+
+    _sm90_ext_or_skip()
+    D, N = 2056, 936
+    x, g, w, b = _gpu_case(M, D + 24, N, dtype, bias=True, seed=31 * M + config)
+    x = x[:, :D]  # row stride D + 24: not packed
+    g, w = g[:D].contiguous(), w[:, :D].contiguous()
+    ref = _ref32(x, g, w, b, 1e-6).double()
+    cfg = {"path": "gemm", "config": config, "pdl": True}
+    monkeypatch.setattr(op, "plan", lambda *a, **k: dict(cfg))
+    wf = fold_weight(g, w)
+    for call in (lambda: fused_rmsnorm_linear(x, g, w, b), lambda: op.fused_rmsnorm_linear_folded(x, g, w, wf, b)):
+        junk = torch.full((M * N * 4,), float("nan"), device="cuda", dtype=dtype)
+        del junk
+        y = call()
+        torch.cuda.synchronize()
+        assert y.shape == (M, N) and torch.isfinite(y).all()
+        assert rel_err(y, ref) <= 1e-2, (cfg, M)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = op.fused_rmsnorm_linear_folded(x, g, w, wf, b)
+    yg.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isfinite(yg).all() and rel_err(yg, ref) <= 1e-2
 
 
 @pytest.mark.gpu

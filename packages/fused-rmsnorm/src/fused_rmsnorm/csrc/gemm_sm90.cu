@@ -3,7 +3,9 @@
 // A = x (row-major, K contiguous), W' = w_lin * g (row-major (N, K) == column-major B), D row-major.
 // CUTLASS 3.x TMA warp-specialized mainloop + an EVT epilogue (accumulator x column-broadcast fp32
 // vector, plus an optional row-broadcast bias that defaults to 0 when its pointer is null).
-// This file is compiled once per tile config (FRMS_SM90_CFG = 0..6, see below) and only for sm_90a.
+// Configs 7-8 compute the same D with the operands swapped (D^T = W' x^T: W rows are the wgmma M, tokens
+// its N), for decode batches where 64-row token tiles would be mostly padding.
+// This file is compiled once per tile config (FRMS_SM90_CFG = 0..8, see below) and only for sm_90a.
 // Runtime knobs of every config (FrmsSm90Args): the tile scheduler's raster order and max swizzle, and
 // for the stream-K config a split-K count; a workspace is taken only where CUTLASS needs one.
 #include "frms.h"
@@ -35,8 +37,9 @@ using namespace cute;
 // BM x BN x 64 tile, a CM x 1 cluster along M (CM = 2: the two M tiles of one N column share each
 // W tile through TMA multicast), the cooperative (both consumer warpgroups on one tile) or
 // ping-pong (one tile per consumer warpgroup) schedule, and the tile scheduler.
-template <int BM, int BN, int CM, bool Coop, class Sched = cutlass::gemm::PersistentScheduler>
+template <int BM, int BN, int CM, bool Coop, class Sched = cutlass::gemm::PersistentScheduler, bool Swap = false>
 struct Sm90Cfg {
+  static constexpr bool kSwap = Swap;  // BM x BN tile of D^T = W' x^T (BM weight rows x BN tokens)
   using TileShape = Shape<Int<BM>, Int<BN>, _64>;
   using ClusterShape = Shape<Int<CM>, _1, _1>;
   using KernelSchedule = std::conditional_t<Coop, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
@@ -62,6 +65,14 @@ using Cfg = Sm90Cfg<256, 128, 2, true>;  // large M: each consumer warpgroup a 1
 // the leftover tiles across CTAs (cooperative only: ping-pong does not support it). Needs a
 // workspace (partials + turnstile flags, zeroed by CUTLASS on each launch).
 using Cfg = Sm90Cfg<128, 128, 1, true, cutlass::gemm::StreamKScheduler>;
+#elif FRMS_SM90_CFG == 7
+// decode, 9..16 tokens: swap-AB 64 W rows x 16 tokens x 64 k, ping-pong, 2-CTA clusters along the W rows
+// (both CTAs' x tile arrives by one TMA multicast); ~10 KB per stage, so the carveout leaves ~20 stages
+// of W in flight per SM. The same shape as cuBLAS's decode kernel at M=16 N14336 (see README).
+using Cfg = Sm90Cfg<64, 16, 2, false, cutlass::gemm::PersistentScheduler, true>;
+#elif FRMS_SM90_CFG == 8
+// decode, 17..32 tokens: as 7 with 32-token tiles
+using Cfg = Sm90Cfg<64, 32, 2, false, cutlass::gemm::PersistentScheduler, true>;
 #else
 #error "unknown FRMS_SM90_CFG"
 #endif
@@ -70,6 +81,7 @@ using ClusterShape = Cfg::ClusterShape;
 using KernelSchedule = Cfg::KernelSchedule;
 using EpiSchedule = Cfg::EpiSchedule;
 using TileSched = Cfg::TileSched;
+constexpr bool kSwap = Cfg::kSwap;
 #define FRMS_CAT2(a, b) a##b
 #define FRMS_CAT(a, b) FRMS_CAT2(a, b)
 #define FRMS_ENTRY FRMS_CAT(frms_gemm_sm90_cfg, FRMS_SM90_CFG)
@@ -79,10 +91,12 @@ static_assert(kStreamK == (FRMS_SM90_CFG == FRMS_SM90_STREAM_K_CONFIG), "frms.h 
 // The rstd vector comes from the kernel launched just before this GEMM, which triggers programmatic
 // dependent launch at its start. CUTLASS's own grid-dependency wait sits before the mainloop (it
 // is compiled out here: CUTLASS_ENABLE_GDC_FOR_SM90 is not defined), so instead the wait is done
-// by this column-broadcast node right before it loads rstd in the epilogue: the TMA/wgmma mainloop
-// overlaps the rstd kernel. x and W' were written by kernels that completed before rstd started.
+// by the rstd broadcast node (column broadcast; row broadcast when swapped) right before it loads
+// rstd in the epilogue: the TMA/wgmma mainloop overlaps the rstd kernel. x and W' were written by
+// kernels that completed before rstd started. Both broadcast nodes read gmem only in their consumer
+// callbacks (no producer loads), which is what makes this placement sufficient.
 template <class Base>
-struct ColBroadcastAfterGridDependency : Base {
+struct AfterGridDependency : Base {
   using Base::Base;
 
   template <bool ReferenceSrc, class... Args>
@@ -96,17 +110,22 @@ struct ColBroadcastAfterGridDependency : Base {
 
 template <typename T>
 struct GemmDef {
+  // Unswapped: A = x (M, K) row-major, B = W' (N, K) == column-major (K, N), D (M, N) row-major.
+  // Swapped: A = W', B = x, D^T (N, M) column-major == the same row-major D.
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutB = cutlass::layout::ColumnMajor;
-  using LayoutD = cutlass::layout::RowMajor;
+  using LayoutD = std::conditional_t<kSwap, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
   static constexpr int kAlign = 8;  // 16 bytes of 16-bit elements
   static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
 
-  // per-row fp32 vector (length M) broadcast along N: the rstd scale
-  using RowScale = ColBroadcastAfterGridDependency<
-      cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float, float, Stride<_1, _0, int64_t>>>;
-  // per-column vector (length N) broadcast along M: the bias; null pointer -> 0
-  using Bias = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, T, float, Stride<_0, _1, int64_t>>;
+  // per-token fp32 vector broadcast along the output features: the rstd scale
+  using ColVec = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float, float, Stride<_1, _0, int64_t>>;
+  using RowVec = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float, float, Stride<_0, _1, int64_t>>;
+  using RowScale = AfterGridDependency<std::conditional_t<kSwap, RowVec, ColVec>>;
+  // per-feature vector broadcast along the tokens: the bias; null pointer -> 0
+  using BiasCol = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, T, float, Stride<_1, _0, int64_t>>;
+  using BiasRow = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, T, float, Stride<_0, _1, int64_t>>;
+  using Bias = std::conditional_t<kSwap, BiasCol, BiasRow>;
   using Scaled = cutlass::epilogue::fusion::Sm90EVT<
       cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, float, float, kRound>,
       cutlass::epilogue::fusion::Sm90AccFetch, RowScale>;
@@ -159,20 +178,32 @@ int run(const FrmsSm90Args& p, size_t* workspace_size_out) {
 
   // (row stride, unit K / N stride, batch stride); rows need not be packed. Batch stride is a
   // nonzero multiple of 16 bytes for the TMA descriptor even though L == 1.
-  StrideA sa{p.lda, _1{}, p.lda * M};
-  StrideB sb{p.ldb, _1{}, p.ldb * N};
-  StrideC sc{p.ldd, _1{}, p.ldd * M};
-  StrideD sd{p.ldd, _1{}, p.ldd * M};
+  // Swapped: the GEMM's A is W' (N rows), its B is x (M rows), and D^T (N, M) is column-major.
+  const T* pa = static_cast<const T*>(kSwap ? p.b : p.a);
+  const T* pb = static_cast<const T*>(kSwap ? p.a : p.b);
+  const int64_t lda = kSwap ? p.ldb : p.lda, ldb = kSwap ? p.lda : p.ldb;
+  const int64_t GM = kSwap ? N : M, GN = kSwap ? M : N;
+  StrideA sa{lda, _1{}, lda * GM};
+  StrideB sb{ldb, _1{}, ldb * GN};
+  StrideD sd;
+  if constexpr (kSwap) {
+    sd = StrideD{_1{}, p.ldd, p.ldd * M};
+  } else {
+    sd = StrideD{p.ldd, _1{}, p.ldd * M};
+  }
+  const StrideC sc = sd;  // C is void: its stride only has to be well-formed
 
   typename Gemm::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGemm,
-      {int(M), int(N), int(K), 1},
-      {static_cast<const T*>(p.a), sa, static_cast<const T*>(p.b), sb},
+      {int(GM), int(GN), int(K), 1},
+      {pa, sa, pb, sb},
       {{}, nullptr, sc, static_cast<T*>(p.d), sd}};
   // EVT argument tree: {Scaled{Acc{}, RowScale{ptr, default, stride}, mul{}}, Bias{ptr, default, stride}, plus{}}
+  using RowScaleStride = typename Def::RowScale::StrideMNL;
+  using BiasStride = typename Def::Bias::StrideMNL;
   args.epilogue.thread = {
-      {{}, {p.rstd, 0.f, {_1{}, _0{}, int64_t(0)}}, {}},
-      {static_cast<const T*>(p.bias), T(0), {_0{}, _1{}, int64_t(0)}},
+      {{}, {p.rstd, 0.f, RowScaleStride{}}, {}},
+      {static_cast<const T*>(p.bias), T(0), BiasStride{}},
       {}};
   args.hw_info.sm_count = sm_count_cached();
   if (args.hw_info.sm_count <= 0) return int(cudaErrorNoDevice);  // the schedulers divide by it
@@ -248,5 +279,11 @@ FRMS_FORWARD(frms_gemm_sm90_cfg5)
 #endif
 #if FRMS_SM90_CFG != 6
 FRMS_FORWARD(frms_gemm_sm90_cfg6)
+#endif
+#if FRMS_SM90_CFG != 7
+FRMS_FORWARD(frms_gemm_sm90_cfg7)
+#endif
+#if FRMS_SM90_CFG != 8
+FRMS_FORWARD(frms_gemm_sm90_cfg8)
 #endif
 #endif
