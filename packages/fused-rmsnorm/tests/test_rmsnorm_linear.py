@@ -631,6 +631,11 @@ def test_gpu_compute_sanitizer_memcheck(tmp_path):
         "    x = torch.randn(M, D, device='cuda').half(); g = torch.randn(D, device='cuda').half()\n"
         "    w = torch.randn(136, D, device='cuda').half(); b = torch.randn(136, device='cuda').half()\n"
         "    y = fused_rmsnorm_linear(x, g, w, b)\n"
+        "import fused_rmsnorm.ops.rmsnorm_linear as op\n"
+        "for c, M in ((7, 5), (8, 17)):  # swap-AB decode configs (N = 136: a partial, odd-count W tile)\n"
+        "    op.plan = lambda *a, c=c, **k: {'path': 'gemm', 'config': c, 'pdl': True}\n"
+        "    x = torch.randn(M, 264, device='cuda').half()\n"
+        "    y = fused_rmsnorm_linear(x, g, w, b)\n"
         "torch.cuda.synchronize(); print('OK')\n"
     )
     res = subprocess.run(
