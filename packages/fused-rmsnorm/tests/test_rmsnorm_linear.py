@@ -634,7 +634,7 @@ def test_gpu_compute_sanitizer_memcheck(tmp_path):
         "import fused_rmsnorm.ops.rmsnorm_linear as op\n"
         "for c, M in ((7, 5), (8, 17)):  # swap-AB decode configs (N = 136: a partial, odd-count W tile)\n"
         "    op.plan = lambda *a, c=c, **k: {'path': 'gemm', 'config': c, 'pdl': True}\n"
-        "    x = torch.randn(M, 264, device='cuda').half()\n"
+        "    x = torch.randn(M, D, device='cuda').half()\n"
         "    y = fused_rmsnorm_linear(x, g, w, b)\n"
         "torch.cuda.synchronize(); print('OK')\n"
     )
