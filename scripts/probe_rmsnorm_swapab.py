@@ -1,5 +1,6 @@
-"""GPU probe: the swap-AB CUTLASS decode configs (7 = 64 W rows x 16 tokens, 8 = 64 x 32; ping-pong,
-2-CTA clusters) against the shipped decode choice and F.linear, at decode batch sizes.
+"""GPU probe: the swap-AB CUTLASS decode configs (7 = 64 W rows x 16 tokens, 8 = 64 x 32: ping-pong,
+2-CTA clusters; 9 = 128 x 16, 10 = 128 x 32: cooperative stream-K) against the shipped decode choice
+and F.linear, at decode batch sizes.
 
     python scripts/probe_rmsnorm_swapab.py OUTDIR [--budget 150] [--dry-run]
 
@@ -8,7 +9,9 @@ M below: F.linear on the same rotated weights, then every variant on the module 
 ``FusedRMSNormLinear`` runs) and on the functional path (``fused_rmsnorm_linear``: the GEMM configs
 multiply x by g per call, decode_mma applies g in-kernel). Every variant is first checked on both
 paths against an fp32 reference (max rel err <= 1e-2, no NaN); a failure is recorded and not timed.
-Times: harness.time_ms (CUDA-graph replay, W rotated out of L2), median us per call.
+Times: harness.time_ms (CUDA-graph replay, W rotated out of L2), median us per call. "raw_us": the GEMM
+launch alone (binding call on a precomputed rstd, no PDL), to split the cost of the rstd launch from
+the GEMM's.
 Writes OUTDIR/probe_rmsnorm_swapab.json after every shape; prints a table last.
 """
 
@@ -35,8 +38,9 @@ MS = [16, 8, 1, 32, 4]
 VARIANTS = {
     "gemm7": {"path": "gemm", "config": 7, "pdl": True},
     "gemm8": {"path": "gemm", "config": 8, "pdl": True},
-    "gemm7_r1": {"path": "gemm", "config": 7, "pdl": True, "raster": 1},
-    "gemm7_r2": {"path": "gemm", "config": 7, "pdl": True, "raster": 2},
+    "gemm9": {"path": "gemm", "config": 9, "pdl": True},
+    "gemm9_k7": {"path": "gemm", "config": 9, "pdl": True, "splits": 7},
+    "gemm10": {"path": "gemm", "config": 10, "pdl": True},
     "mma_auto": {"path": "decode_mma", "wn": 0, "ksplit": 0},
 }
 
@@ -66,6 +70,23 @@ def main() -> int:
     def calls(fn, x, ws) -> list:  # one closure per rotated weight copy
         return [lambda wi=wi: fn(x, wi) for wi in ws]
 
+    def raw_gemm_us(cfg, x, ws) -> float:
+        mod = gpu.ext.module
+        M, D = x.shape
+        N = ws[0].shape[0]
+        c = int(cfg["config"])
+        knobs = op.sm90_knob_args(cfg)
+        rstd = torch.rand(M, device=x.device) + 0.5
+        y = torch.empty(M, N, device=x.device, dtype=x.dtype)
+        wsp, wsn, _keep = op._sm90_workspace(mod, 1, c, M, N, D, knobs, x.device)
+        s = torch.cuda.current_stream().cuda_stream
+
+        def one(wi):
+            mod.gemm_sm90(1, c, x.data_ptr(), D, wi.data_ptr(), D, rstd.data_ptr(), 0, y.data_ptr(), N, M, N, D,
+                          False, s, *knobs, wsp, wsn)  # fmt: skip
+
+        return harness.time_ms(calls(lambda _x, wi: one(wi), x, ws), small=True, rep_ms=20) * 1e3
+
     with torch.no_grad():
         for D, N in WEIGHTS:
             gpu.setup(D, N)
@@ -76,7 +97,7 @@ def main() -> int:
                     break
                 x = gpu.x(M, D)
                 ref = gpu.ref(M, D, N, x)
-                row = {"shape": [M, D, N], "us": {}, "fn_us": {}, "err": {}, "failed": []}
+                row = {"shape": [M, D, N], "us": {}, "fn_us": {}, "raw_us": {}, "err": {}, "failed": []}
                 row["shipped"] = op.plan(gpu.arch, M, N, D, has_gemm=True, has_mma=gpu.has_mma)
                 wl = [wi.clone() for wi in ws]
                 fl = calls(torch.nn.functional.linear, x, wl)
@@ -102,14 +123,16 @@ def main() -> int:
                         continue
                     row["us"][key] = round(timed(cfg, calls(module, x, ws)), 3)
                     row["fn_us"][key] = round(timed(cfg, calls(functional, x, ws)), 3)
+                    if cfg["path"] == "gemm":
+                        row["raw_us"][key] = round(raw_gemm_us(cfg, x, ws), 3)
                 res["rows"].append(row)
                 print(json.dumps({k: row[k] for k in ("shape", "us", "fn_us", "failed")}), flush=True)
                 (out / "probe_rmsnorm_swapab.json").write_text(json.dumps(res, indent=1, default=str))
     keys = ["shipped", *VARIANTS]
-    print("\nmodule us (fn us) | F.linear | " + " | ".join(keys))
+    print("\nmodule us (fn us) [GEMM alone] | F.linear | " + " | ".join(keys))
     for row in res["rows"]:
         M, D, N = row["shape"]
-        cells = [f"{row['us'].get(k, '-')} ({row['fn_us'].get(k, '-')})" for k in keys]
+        cells = [f"{row['us'].get(k, '-')} ({row['fn_us'].get(k, '-')}) [{row['raw_us'].get(k, '-')}]" for k in keys]
         print(f"M{M} D{D} N{N} | {row['us']['F.linear']} | " + " | ".join(cells))
     return 0
 

@@ -759,7 +759,8 @@ def test_sm90_configs_match_build_and_header():
 
     h = (_build.CSRC / "frms.h").read_text()
     assert int(re.search(r"#define FRMS_SM90_NUM_CONFIGS (\d+)", h).group(1)) == SM90_NUM_CONFIGS
-    assert (int(re.search(r"#define FRMS_SM90_STREAM_K_CONFIG (\d+)", h).group(1)),) == SM90_STREAM_K_CONFIGS
+    sk = re.search(r"#define FRMS_SM90_IS_STREAM_K\(c\) (.*)", h).group(1)
+    assert tuple(int(c) for c in re.findall(r"\(c\) == (\d+)", sk)) == SM90_STREAM_K_CONFIGS
     assert _build.SM90_CONFIGS == tuple(range(SM90_NUM_CONFIGS))
     src = (_build.CSRC / "gemm_sm90.cu").read_text()
     for c in range(SM90_NUM_CONFIGS):
@@ -775,7 +776,7 @@ def _sm90_ext_or_skip():
 
 SM90_CASES = [(c, 0, 1, 1) for c in range(SM90_NUM_CONFIGS)] + [(c, 2, 4, 1) for c in range(SM90_NUM_CONFIGS)]
 SM90_CASES += [(1, 1, 8, 1), (6, 1, 2, 3)]
-SM90_SWAP_CONFIGS = (7, 8)  # csrc/gemm_sm90.cu: D^T = W' x^T (W rows x tokens tiles)
+SM90_SWAP_CONFIGS = (7, 8, 9, 10)  # csrc/gemm_sm90.cu: D^T = W' x^T (W rows x tokens tiles)
 
 
 @pytest.mark.gpu

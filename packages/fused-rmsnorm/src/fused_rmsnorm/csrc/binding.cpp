@@ -64,7 +64,7 @@ Sm90Entry sm90_entry(int config) {
   static const Sm90Entry table[FRMS_SM90_NUM_CONFIGS] = {
       frms_gemm_sm90_cfg0, frms_gemm_sm90_cfg1, frms_gemm_sm90_cfg2, frms_gemm_sm90_cfg3,
       frms_gemm_sm90_cfg4, frms_gemm_sm90_cfg5, frms_gemm_sm90_cfg6, frms_gemm_sm90_cfg7,
-      frms_gemm_sm90_cfg8};
+      frms_gemm_sm90_cfg8, frms_gemm_sm90_cfg9, frms_gemm_sm90_cfg10};
   return config >= 0 && config < FRMS_SM90_NUM_CONFIGS ? table[config] : sm90_bad_config;
 }
 #endif
@@ -202,7 +202,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("compiled_archs", &compiled_archs, "arch list this binary was compiled for, e.g. ['8.0', '9.0a']");
   m.def("has_sm90_gemm", [] { return bool(FRMS_HAVE_SM90); });
   m.def("num_sm90_configs", [] { return int(FRMS_SM90_NUM_CONFIGS); }, "tile configs of the SM90 GEMM (0..n-1)");
-  m.def("sm90_stream_k_configs", [] { return std::vector<int>{FRMS_SM90_STREAM_K_CONFIG}; }, "SM90 configs that take splits / a workspace");
+  m.def(
+      "sm90_stream_k_configs",
+      [] {
+        std::vector<int> v;
+        for (int c = 0; c < FRMS_SM90_NUM_CONFIGS; ++c)
+          if (FRMS_SM90_IS_STREAM_K(c)) v.push_back(c);
+        return v;
+      },
+      "SM90 configs that take splits / a workspace");
   m.def("has_sm80_gemm", [] { return bool(FRMS_HAVE_SM80); });
   m.def("has_decode_mma", [] { return bool(FRMS_HAVE_MMA); });
 #ifdef FRMS_MMA_LIGHT

@@ -3,9 +3,9 @@
 // A = x (row-major, K contiguous), W' = w_lin * g (row-major (N, K) == column-major B), D row-major.
 // CUTLASS 3.x TMA warp-specialized mainloop + an EVT epilogue (accumulator x column-broadcast fp32
 // vector, plus an optional row-broadcast bias that defaults to 0 when its pointer is null).
-// Configs 7-8 compute the same D with the operands swapped (D^T = W' x^T: W rows are the wgmma M, tokens
+// Configs 7-10 compute the same D with the operands swapped (D^T = W' x^T: W rows are the wgmma M, tokens
 // its N), for decode batches where 64-row token tiles would be mostly padding.
-// This file is compiled once per tile config (FRMS_SM90_CFG = 0..8, see below) and only for sm_90a.
+// This file is compiled once per tile config (FRMS_SM90_CFG = 0..10, see below) and only for sm_90a.
 // Runtime knobs of every config (FrmsSm90Args): the tile scheduler's raster order and max swizzle, and
 // for the stream-K config a split-K count; a workspace is taken only where CUTLASS needs one.
 #include "frms.h"
@@ -73,6 +73,14 @@ using Cfg = Sm90Cfg<64, 16, 2, false, cutlass::gemm::PersistentScheduler, true>;
 #elif FRMS_SM90_CFG == 8
 // decode, 17..32 tokens: as 7 with 32-token tiles
 using Cfg = Sm90Cfg<64, 32, 2, false, cutlass::gemm::PersistentScheduler, true>;
+#elif FRMS_SM90_CFG == 9
+// decode, 9..16 tokens, stream-K: with data-parallel 64-row tiles (7) N = 14336 gives 224 tiles on 132 SMs,
+// so 92 SMs stream twice the weight bytes of the other 40; stream-K gives every CTA an equal share of the
+// k-blocks (128-row cooperative tiles: CUTLASS's stream-K needs the cooperative schedule)
+using Cfg = Sm90Cfg<128, 16, 1, true, cutlass::gemm::StreamKScheduler, true>;
+#elif FRMS_SM90_CFG == 10
+// decode, 17..32 tokens: as 9 with 32-token tiles
+using Cfg = Sm90Cfg<128, 32, 1, true, cutlass::gemm::StreamKScheduler, true>;
 #else
 #error "unknown FRMS_SM90_CFG"
 #endif
@@ -86,7 +94,7 @@ constexpr bool kSwap = Cfg::kSwap;
 #define FRMS_CAT(a, b) FRMS_CAT2(a, b)
 #define FRMS_ENTRY FRMS_CAT(frms_gemm_sm90_cfg, FRMS_SM90_CFG)
 constexpr bool kStreamK = cute::is_same_v<TileSched, cutlass::gemm::StreamKScheduler>;
-static_assert(kStreamK == (FRMS_SM90_CFG == FRMS_SM90_STREAM_K_CONFIG), "frms.h names the stream-K config");
+static_assert(kStreamK == FRMS_SM90_IS_STREAM_K(FRMS_SM90_CFG), "frms.h names the stream-K configs");
 
 // The rstd vector comes from the kernel launched just before this GEMM, which triggers programmatic
 // dependent launch at its start. CUTLASS's own grid-dependency wait sits before the mainloop (it
@@ -285,5 +293,11 @@ FRMS_FORWARD(frms_gemm_sm90_cfg7)
 #endif
 #if FRMS_SM90_CFG != 8
 FRMS_FORWARD(frms_gemm_sm90_cfg8)
+#endif
+#if FRMS_SM90_CFG != 9
+FRMS_FORWARD(frms_gemm_sm90_cfg9)
+#endif
+#if FRMS_SM90_CFG != 10
+FRMS_FORWARD(frms_gemm_sm90_cfg10)
 #endif
 #endif
