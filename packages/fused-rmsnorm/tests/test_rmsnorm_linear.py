@@ -776,7 +776,7 @@ def _sm90_ext_or_skip():
 
 SM90_CASES = [(c, 0, 1, 1) for c in range(SM90_NUM_CONFIGS)] + [(c, 2, 4, 1) for c in range(SM90_NUM_CONFIGS)]
 SM90_CASES += [(1, 1, 8, 1), (6, 1, 2, 3)]
-SM90_SWAP_CONFIGS = (7, 8, 9, 10)  # csrc/gemm_sm90.cu: D^T = W' x^T (W rows x tokens tiles)
+SM90_SWAP_CONFIGS = (7, 8, 9, 10, 11, 12)  # csrc/gemm_sm90.cu: D^T = W' x^T (W rows x tokens tiles)
 
 
 @pytest.mark.gpu

@@ -17,7 +17,7 @@
 #define FRMS_ERR_VARIANT 100004      // a decode_mma (steps, ldpolicy) variant not compiled for this M
 #define FRMS_ERR_WORKSPACE 100005    // an SM90 GEMM config needs a larger workspace than was passed
 
-#define FRMS_SM90_NUM_CONFIGS 11     // tile configs of gemm_sm90.cu (FRMS_SM90_CFG = 0 .. 10)
+#define FRMS_SM90_NUM_CONFIGS 13     // tile configs of gemm_sm90.cu (FRMS_SM90_CFG = 0 .. 12)
 // the configs on the stream-K scheduler (take splits / a workspace)
 #define FRMS_SM90_IS_STREAM_K(c) ((c) == 6 || (c) == 9 || (c) == 10)
 
@@ -86,4 +86,6 @@ int frms_gemm_sm90_cfg7(const FrmsSm90Args* p, size_t* workspace_size_out);
 int frms_gemm_sm90_cfg8(const FrmsSm90Args* p, size_t* workspace_size_out);
 int frms_gemm_sm90_cfg9(const FrmsSm90Args* p, size_t* workspace_size_out);
 int frms_gemm_sm90_cfg10(const FrmsSm90Args* p, size_t* workspace_size_out);
+int frms_gemm_sm90_cfg11(const FrmsSm90Args* p, size_t* workspace_size_out);
+int frms_gemm_sm90_cfg12(const FrmsSm90Args* p, size_t* workspace_size_out);
 }

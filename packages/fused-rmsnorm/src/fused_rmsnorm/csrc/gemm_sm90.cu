@@ -3,9 +3,9 @@
 // A = x (row-major, K contiguous), W' = w_lin * g (row-major (N, K) == column-major B), D row-major.
 // CUTLASS 3.x TMA warp-specialized mainloop + an EVT epilogue (accumulator x column-broadcast fp32
 // vector, plus an optional row-broadcast bias that defaults to 0 when its pointer is null).
-// Configs 7-10 compute the same D with the operands swapped (D^T = W' x^T: W rows are the wgmma M, tokens
+// Configs 7-12 compute the same D with the operands swapped (D^T = W' x^T: W rows are the wgmma M, tokens
 // its N), for decode batches where 64-row token tiles would be mostly padding.
-// This file is compiled once per tile config (FRMS_SM90_CFG = 0..10, see below) and only for sm_90a.
+// This file is compiled once per tile config (FRMS_SM90_CFG = 0..12, see below) and only for sm_90a.
 // Runtime knobs of every config (FrmsSm90Args): the tile scheduler's raster order and max swizzle, and
 // for the stream-K config a split-K count; a workspace is taken only where CUTLASS needs one.
 #include "frms.h"
@@ -37,10 +37,11 @@ using namespace cute;
 // BM x BN x 64 tile, a CM x 1 cluster along M (CM = 2: the two M tiles of one N column share each
 // W tile through TMA multicast), the cooperative (both consumer warpgroups on one tile) or
 // ping-pong (one tile per consumer warpgroup) schedule, and the tile scheduler.
-template <int BM, int BN, int CM, bool Coop, class Sched = cutlass::gemm::PersistentScheduler, bool Swap = false>
+template <int BM, int BN, int CM, bool Coop, class Sched = cutlass::gemm::PersistentScheduler, bool Swap = false,
+          int BK = 64>
 struct Sm90Cfg {
   static constexpr bool kSwap = Swap;  // BM x BN tile of D^T = W' x^T (BM weight rows x BN tokens)
-  using TileShape = Shape<Int<BM>, Int<BN>, _64>;
+  using TileShape = Shape<Int<BM>, Int<BN>, Int<BK>>;
   using ClusterShape = Shape<Int<CM>, _1, _1>;
   using KernelSchedule = std::conditional_t<Coop, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
                                             cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
@@ -81,6 +82,12 @@ using Cfg = Sm90Cfg<128, 16, 1, true, cutlass::gemm::StreamKScheduler, true>;
 #elif FRMS_SM90_CFG == 10
 // decode, 17..32 tokens: as 9 with 32-token tiles
 using Cfg = Sm90Cfg<128, 32, 1, true, cutlass::gemm::StreamKScheduler, true>;
+#elif FRMS_SM90_CFG == 11
+// as 7 without the cluster: no x multicast, so no CTA waits for its partner's progress
+using Cfg = Sm90Cfg<64, 16, 1, false, cutlass::gemm::PersistentScheduler, true>;
+#elif FRMS_SM90_CFG == 12
+// as 7 with 128-wide k-blocks: 16 KB W boxes, half the pipeline barrier round trips per byte
+using Cfg = Sm90Cfg<64, 16, 2, false, cutlass::gemm::PersistentScheduler, true, 128>;
 #else
 #error "unknown FRMS_SM90_CFG"
 #endif
@@ -299,5 +306,11 @@ FRMS_FORWARD(frms_gemm_sm90_cfg9)
 #endif
 #if FRMS_SM90_CFG != 10
 FRMS_FORWARD(frms_gemm_sm90_cfg10)
+#endif
+#if FRMS_SM90_CFG != 11
+FRMS_FORWARD(frms_gemm_sm90_cfg11)
+#endif
+#if FRMS_SM90_CFG != 12
+FRMS_FORWARD(frms_gemm_sm90_cfg12)
 #endif
 #endif

@@ -152,7 +152,7 @@ def mma_variant_args(cfg: dict) -> tuple[int, int, int]:
     return steps, _LDPOLICY[pol], int(wload)
 
 
-SM90_NUM_CONFIGS = 11  # csrc/frms.h FRMS_SM90_NUM_CONFIGS
+SM90_NUM_CONFIGS = 13  # csrc/frms.h FRMS_SM90_NUM_CONFIGS
 SM90_STREAM_K_CONFIGS = (6, 9, 10)  # csrc/frms.h FRMS_SM90_IS_STREAM_K: the configs that take splits / a workspace
 
 
