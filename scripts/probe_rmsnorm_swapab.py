@@ -1,6 +1,6 @@
-"""GPU probe: the swap-AB CUTLASS decode configs (7 = 64 W rows x 16 tokens, 8 = 64 x 32: ping-pong,
-2-CTA clusters; 11 = 7 without clusters, 12 = 7 with 128-wide k-blocks; the stream-K 9 / 10 lost
-everywhere in session 11's first run) against the shipped decode choice
+"""GPU probe: the swap-AB CUTLASS decode configs (7 = 64 W rows x 16 tokens x 128 k, 8 = 64 x 32 x 128,
+9 / 10 = the same with 64-wide k-blocks; ping-pong, 2-CTA clusters) with the side rstd launch
+(ops/rmsnorm_linear.py SWAP_RSTD_SIDE) and without ("_noside") against the shipped decode choice
 and F.linear, at decode batch sizes.
 
     python scripts/probe_rmsnorm_swapab.py OUTDIR [--budget 150] [--dry-run]
@@ -39,8 +39,10 @@ MS = [16, 32, 8, 1]
 VARIANTS = {
     "gemm7": {"path": "gemm", "config": 7, "pdl": True},
     "gemm8": {"path": "gemm", "config": 8, "pdl": True},
-    "gemm11": {"path": "gemm", "config": 11, "pdl": True},
-    "gemm12": {"path": "gemm", "config": 12, "pdl": True},
+    "gemm9": {"path": "gemm", "config": 9, "pdl": True},
+    "gemm10": {"path": "gemm", "config": 10, "pdl": True},
+    "gemm7_noside": {"path": "gemm", "config": 7, "pdl": True},  # op.SWAP_RSTD_SIDE off
+    "gemm8_noside": {"path": "gemm", "config": 8, "pdl": True},
     "mma_auto": {"path": "decode_mma", "wn": 0, "ksplit": 0},
 }
 
@@ -66,6 +68,9 @@ def main() -> int:
 
     def timed(cfg, fns) -> float:
         return gpu._forced(cfg, lambda: harness.time_ms(fns, small=True, rep_ms=20) * 1e3)
+
+    def side(key: str) -> None:
+        op.SWAP_RSTD_SIDE = not key.endswith("_noside")
 
     def calls(fn, x, ws) -> list:  # one closure per rotated weight copy
         return [lambda wi=wi: fn(x, wi) for wi in ws]
@@ -111,6 +116,7 @@ def main() -> int:
                     return op._launch_ext(x, g, wi, None, T.EPS)
 
                 for key, cfg in [("shipped", row["shipped"]), *VARIANTS.items()]:
+                    side(key)
                     try:
                         err = gpu.check(cfg, M, D, N, x, ref)
                     except Exception as e:  # noqa: BLE001 - a config the binary lacks, a launch failure
@@ -123,7 +129,7 @@ def main() -> int:
                         continue
                     row["us"][key] = round(timed(cfg, calls(module, x, ws)), 3)
                     row["fn_us"][key] = round(timed(cfg, calls(functional, x, ws)), 3)
-                    if cfg["path"] == "gemm":
+                    if cfg["path"] == "gemm" and not key.endswith("_noside"):
                         row["raw_us"][key] = round(raw_gemm_us(cfg, x, ws), 3)
                 res["rows"].append(row)
                 print(json.dumps({k: row[k] for k in ("shape", "us", "fn_us", "failed")}), flush=True)

@@ -12,7 +12,13 @@ import fused_rmsnorm
 import pytest
 import torch
 from fused_rmsnorm import _build, backend
-from fused_rmsnorm.ops.rmsnorm_linear import SM90_NUM_CONFIGS, fold_weight, fused_rmsnorm_linear, plan
+from fused_rmsnorm.ops.rmsnorm_linear import (
+    SM90_NUM_CONFIGS,
+    SM90_SWAP_CONFIGS,
+    fold_weight,
+    fused_rmsnorm_linear,
+    plan,
+)
 
 
 def ref64(x, g, w, b, eps):
@@ -776,7 +782,6 @@ def _sm90_ext_or_skip():
 
 SM90_CASES = [(c, 0, 1, 1) for c in range(SM90_NUM_CONFIGS)] + [(c, 2, 4, 1) for c in range(SM90_NUM_CONFIGS)]
 SM90_CASES += [(1, 1, 8, 1), (6, 1, 2, 3)]
-SM90_SWAP_CONFIGS = (7, 8, 9, 10, 11, 12)  # csrc/gemm_sm90.cu: D^T = W' x^T (W rows x tokens tiles)
 
 
 @pytest.mark.gpu
@@ -815,7 +820,7 @@ def test_gpu_sm90_swap_ab_configs(config, M, dtype, monkeypatch):
     """The swap-AB decode configs (output written as a column-major D^T, rstd a row broadcast, bias a
     column broadcast): token counts off the 16/32 tile, a partial last W-row tile (N = 936: 15 tiles
     of 64 rows, an odd count for the 2-CTA clusters), x with padded rows, bias, module and functional
-    operands, and a CUDA-graph replay."""
+    operands, both rstd launches, and a CUDA-graph replay."""
     from fused_rmsnorm.ops import rmsnorm_linear as op
 
     _sm90_ext_or_skip()
@@ -827,13 +832,15 @@ def test_gpu_sm90_swap_ab_configs(config, M, dtype, monkeypatch):
     cfg = {"path": "gemm", "config": config, "pdl": True}
     monkeypatch.setattr(op, "plan", lambda *a, **k: dict(cfg))
     wf = fold_weight(g, w)
-    for call in (lambda: fused_rmsnorm_linear(x, g, w, b), lambda: op.fused_rmsnorm_linear_folded(x, g, w, wf, b)):
-        junk = torch.full((M * N * 4,), float("nan"), device="cuda", dtype=dtype)
-        del junk
-        y = call()
-        torch.cuda.synchronize()
-        assert y.shape == (M, N) and torch.isfinite(y).all()
-        assert rel_err(y, ref) <= 1e-2, (cfg, M)
+    for side in (False, True):  # rstd as the default launch / as one CTA beside a capped GEMM grid
+        monkeypatch.setattr(op, "SWAP_RSTD_SIDE", side)
+        for call in (lambda: fused_rmsnorm_linear(x, g, w, b), lambda: op.fused_rmsnorm_linear_folded(x, g, w, wf, b)):
+            junk = torch.full((M * N * 4,), float("nan"), device="cuda", dtype=dtype)
+            del junk
+            y = call()
+            torch.cuda.synchronize()
+            assert y.shape == (M, N) and torch.isfinite(y).all()
+            assert rel_err(y, ref) <= 1e-2, (cfg, M, side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         yg = op.fused_rmsnorm_linear_folded(x, g, w, wf, b)

@@ -53,7 +53,7 @@ PKG_DIR = Path(__file__).resolve().parent
 CSRC = PKG_DIR / "csrc"
 CONFIG_FILE = PKG_DIR / "build_config.json"
 MODULE_NAME = "_C"
-SM90_CONFIGS = tuple(range(13))  # FRMS_SM90_NUM_CONFIGS in csrc/frms.h
+SM90_CONFIGS = tuple(range(11))  # FRMS_SM90_NUM_CONFIGS in csrc/frms.h
 
 
 class BuildError(RuntimeError):

@@ -3,9 +3,9 @@
 // A = x (row-major, K contiguous), W' = w_lin * g (row-major (N, K) == column-major B), D row-major.
 // CUTLASS 3.x TMA warp-specialized mainloop + an EVT epilogue (accumulator x column-broadcast fp32
 // vector, plus an optional row-broadcast bias that defaults to 0 when its pointer is null).
-// Configs 7-12 compute the same D with the operands swapped (D^T = W' x^T: W rows are the wgmma M, tokens
+// Configs 7-10 compute the same D with the operands swapped (D^T = W' x^T: W rows are the wgmma M, tokens
 // its N), for decode batches where 64-row token tiles would be mostly padding.
-// This file is compiled once per tile config (FRMS_SM90_CFG = 0..12, see below) and only for sm_90a.
+// This file is compiled once per tile config (FRMS_SM90_CFG = 0..10, see below) and only for sm_90a.
 // Runtime knobs of every config (FrmsSm90Args): the tile scheduler's raster order and max swizzle, and
 // for the stream-K config a split-K count; a workspace is taken only where CUTLASS needs one.
 #include "frms.h"
@@ -67,27 +67,19 @@ using Cfg = Sm90Cfg<256, 128, 2, true>;  // large M: each consumer warpgroup a 1
 // workspace (partials + turnstile flags, zeroed by CUTLASS on each launch).
 using Cfg = Sm90Cfg<128, 128, 1, true, cutlass::gemm::StreamKScheduler>;
 #elif FRMS_SM90_CFG == 7
-// decode, 9..16 tokens: swap-AB 64 W rows x 16 tokens x 64 k, ping-pong, 2-CTA clusters along the W rows
-// (both CTAs' x tile arrives by one TMA multicast); ~10 KB per stage, so the carveout leaves ~20 stages
-// of W in flight per SM. The same shape as cuBLAS's decode kernel at M=16 N14336 (see README).
-using Cfg = Sm90Cfg<64, 16, 2, false, cutlass::gemm::PersistentScheduler, true>;
-#elif FRMS_SM90_CFG == 8
-// decode, 17..32 tokens: as 7 with 32-token tiles
-using Cfg = Sm90Cfg<64, 32, 2, false, cutlass::gemm::PersistentScheduler, true>;
-#elif FRMS_SM90_CFG == 9
-// decode, 9..16 tokens, stream-K: with data-parallel 64-row tiles (7) N = 14336 gives 224 tiles on 132 SMs,
-// so 92 SMs stream twice the weight bytes of the other 40; stream-K gives every CTA an equal share of the
-// k-blocks (128-row cooperative tiles: CUTLASS's stream-K needs the cooperative schedule)
-using Cfg = Sm90Cfg<128, 16, 1, true, cutlass::gemm::StreamKScheduler, true>;
-#elif FRMS_SM90_CFG == 10
-// decode, 17..32 tokens: as 9 with 32-token tiles
-using Cfg = Sm90Cfg<128, 32, 1, true, cutlass::gemm::StreamKScheduler, true>;
-#elif FRMS_SM90_CFG == 11
-// as 7 without the cluster: no x multicast, so no CTA waits for its partner's progress
-using Cfg = Sm90Cfg<64, 16, 1, false, cutlass::gemm::PersistentScheduler, true>;
-#elif FRMS_SM90_CFG == 12
-// as 7 with 128-wide k-blocks: 16 KB W boxes, half the pipeline barrier round trips per byte
+// decode, <= 16 tokens: swap-AB 64 W rows x 16 tokens x 128 k, ping-pong, 2-CTA clusters along the W rows
+// (both CTAs' x tile arrives by one TMA multicast); 20 KB per stage, 11 stages of W in flight per SM.
+// cuBLAS runs a 64x16 tile with 2-CTA clusters at M=16 N14336 (README, session 8 profile).
 using Cfg = Sm90Cfg<64, 16, 2, false, cutlass::gemm::PersistentScheduler, true, 128>;
+#elif FRMS_SM90_CFG == 8
+// decode, 17..32 tokens: as 7 with 32-token tiles (24 KB per stage)
+using Cfg = Sm90Cfg<64, 32, 2, false, cutlass::gemm::PersistentScheduler, true, 128>;
+#elif FRMS_SM90_CFG == 9
+// as 7 with 64-wide k-blocks (22 stages of 10 KB)
+using Cfg = Sm90Cfg<64, 16, 2, false, cutlass::gemm::PersistentScheduler, true>;
+#elif FRMS_SM90_CFG == 10
+// as 8 with 64-wide k-blocks
+using Cfg = Sm90Cfg<64, 32, 2, false, cutlass::gemm::PersistentScheduler, true>;
 #else
 #error "unknown FRMS_SM90_CFG"
 #endif
@@ -220,8 +212,11 @@ int run(const FrmsSm90Args& p, size_t* workspace_size_out) {
       {{}, {p.rstd, 0.f, RowScaleStride{}}, {}},
       {static_cast<const T*>(p.bias), T(0), BiasStride{}},
       {}};
-  args.hw_info.sm_count = sm_count_cached();
-  if (args.hw_info.sm_count <= 0) return int(cudaErrorNoDevice);  // the schedulers divide by it
+  // max_ctas > 0 caps the persistent grid below one CTA per SM, leaving SMs to a side rstd launch
+  const int sms = sm_count_cached();
+  if (sms <= 0) return int(cudaErrorNoDevice);  // the schedulers divide by it
+  if (p.max_ctas < 0) return FRMS_ERR_BAD_ARG;
+  args.hw_info.sm_count = p.max_ctas > 0 && p.max_ctas < sms ? p.max_ctas : sms;
   using Raster = decltype(args.scheduler.raster_order);
   args.scheduler.raster_order = p.raster == 1 ? Raster::AlongM : (p.raster == 2 ? Raster::AlongN : Raster::Heuristic);
   args.scheduler.max_swizzle_size = swizzle;
@@ -306,11 +301,5 @@ FRMS_FORWARD(frms_gemm_sm90_cfg9)
 #endif
 #if FRMS_SM90_CFG != 10
 FRMS_FORWARD(frms_gemm_sm90_cfg10)
-#endif
-#if FRMS_SM90_CFG != 11
-FRMS_FORWARD(frms_gemm_sm90_cfg11)
-#endif
-#if FRMS_SM90_CFG != 12
-FRMS_FORWARD(frms_gemm_sm90_cfg12)
 #endif
 #endif
