@@ -1,7 +1,7 @@
 """GPU probe: the swap-AB CUTLASS decode configs (7 = 64 W rows x 16 tokens x 128 k, 8 = 64 x 32 x 128,
-9 / 10 = the same with 64-wide k-blocks; ping-pong, 2-CTA clusters) with the side rstd launch
-(ops/rmsnorm_linear.py SWAP_RSTD_SIDE) and without ("_noside") against the shipped decode choice
-and F.linear, at decode batch sizes.
+11 / 12 = 7 / 8 computing rstd themselves; ping-pong, 2-CTA clusters; session 11's earlier runs also
+timed 64-wide k-blocks, stream-K, no cluster and the rstd CTA placement, listed in the README)
+against the shipped decode choice and F.linear, at decode batch sizes.
 
     python scripts/probe_rmsnorm_swapab.py OUTDIR [--budget 150] [--dry-run]
 
@@ -39,10 +39,8 @@ MS = [16, 32, 8, 1]
 VARIANTS = {
     "gemm7": {"path": "gemm", "config": 7, "pdl": True},
     "gemm8": {"path": "gemm", "config": 8, "pdl": True},
-    "gemm9": {"path": "gemm", "config": 9, "pdl": True},
-    "gemm10": {"path": "gemm", "config": 10, "pdl": True},
-    "gemm7_noside": {"path": "gemm", "config": 7, "pdl": True},  # op.SWAP_RSTD_SIDE off
-    "gemm8_noside": {"path": "gemm", "config": 8, "pdl": True},
+    "gemm11": {"path": "gemm", "config": 11, "pdl": True},  # 7 with self rstd (functional: runs 7)
+    "gemm12": {"path": "gemm", "config": 12, "pdl": True},  # 8 with self rstd
     "mma_auto": {"path": "decode_mma", "wn": 0, "ksplit": 0},
 }
 
@@ -88,7 +86,7 @@ def main() -> int:
         def one(wi):  # the stream is looked up per call: graph capture runs on a side stream
             s = torch.cuda.current_stream().cuda_stream
             mod.gemm_sm90(1, c, x.data_ptr(), D, wi.data_ptr(), D, rstd.data_ptr(), 0, y.data_ptr(), N, M, N, D,
-                          False, s, *knobs, wsp, wsn)  # fmt: skip
+                          False, s, *knobs, wsp, wsn, 0, T.EPS)  # fmt: skip
 
         return harness.time_ms(calls(lambda _x, wi: one(wi), x, ws), small=True, rep_ms=20) * 1e3
 

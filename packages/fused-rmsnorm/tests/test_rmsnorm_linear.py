@@ -770,7 +770,12 @@ def test_sm90_configs_match_build_and_header():
     assert _build.SM90_CONFIGS == tuple(range(SM90_NUM_CONFIGS))
     src = (_build.CSRC / "gemm_sm90.cu").read_text()
     for c in range(SM90_NUM_CONFIGS):
-        assert f"frms_gemm_sm90_cfg{c}" in src and f"FRMS_SM90_CFG != {c}" in src  # entry + light forwarder
+        assert f"frms_gemm_sm90_cfg{c}" in src and f"FRMS_FWD_OK({c})" in src  # entry + light forwarder
+    from fused_rmsnorm.ops.rmsnorm_linear import SM90_SELF_RSTD_TWIN
+
+    self_rstd = re.search(r"#define FRMS_SM90_IS_SELF_RSTD\(c\) (.*)", h).group(1)
+    assert tuple(int(c) for c in re.findall(r"\(c\) == (\d+)", self_rstd)) == tuple(SM90_SELF_RSTD_TWIN)
+    assert len(_build.SM90_LIGHT_CONFIGS) == 3 and 11 in _build.SM90_LIGHT_CONFIGS
 
 
 def _sm90_ext_or_skip():
