@@ -9,7 +9,6 @@
 // Runtime knobs of every config (FrmsSm90Args): the tile scheduler's raster order and max swizzle, and
 // for the stream-K config a split-K count; a workspace is taken only where CUTLASS needs one.
 #include "frms.h"
-#include "vec.cuh"
 
 #include <cuda_runtime.h>
 
@@ -135,30 +134,9 @@ struct AfterGridDependency : Base {
 // the epilogue (which then only adds the bias).
 __shared__ __align__(16) float frms_tok_rstd[kSelfRstd ? 2 * size<1>(TileShape{}) : 4];  // one slot per consumer WG
 
-// One 16-byte shared load (a plain uint4 dereference was split into four 32-bit loads by nvcc 13.0).
-CUTLASS_DEVICE uint4 lds128(void const* p) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
-  return v;
-}
-
-template <class T>
-struct VecType;  // CUTLASS 16-bit type -> the CUDA type vec.cuh unpacks
-template <>
-struct VecType<cutlass::bfloat16_t> {
-  using type = __nv_bfloat16;
-};
-template <>
-struct VecType<cutlass::half_t> {
-  using type = __half;
-};
-
 // CUTLASS's TMA warp-specialized (ping-pong) mainloop with the per-token sums of squares added. A B stage
-// holds each token's BK values as 128-byte lines (K-major, 128-byte swizzle: the swizzle permutes the
-// 16-byte chunks within a line, which a sum does not see). kTpt consecutive threads share a token and
-// split each line's 8 chunks. A stage is released only after the next k-tile's wgmmas are issued and this
+// holds each token's BK values K-major; kTpt consecutive threads share a token and split each 64-value
+// span into 8-value chunks. A stage is released only after the next k-tile's wgmmas are issued and this
 // one's sums are done (one k-tile of wgmmas in flight, as CUTLASS's K_PIPE_MMAS = 1).
 template <class Base, class T>
 struct SwapRstdMainloop : Base {
@@ -168,7 +146,6 @@ struct SwapRstdMainloop : Base {
   using typename Base::SmemLayoutB;
   using typename Base::TensorStorage;
   using typename Base::TiledMma;
-  using Vec = typename VecType<T>::type;
   static constexpr int BM = size<0>(typename Base::TileShape{});
   static constexpr int BN = size<1>(typename Base::TileShape{});
   static constexpr int BK = size<2>(typename Base::TileShape{});
@@ -202,23 +179,19 @@ struct SwapRstdMainloop : Base {
   // wgmmas are not issued late behind them
   float ss_[8];
 
-  CUTLASS_DEVICE void sum_squares(TensorStorage const& st, int stage, int tok, int part) {
-    Vec const* b = reinterpret_cast<Vec const*>(st.smem_B.data());
-    uint4 v[kLines * kChunks];
+  // Element reads through the swizzled (BN, BK, PIPE) smem tensor: cute applies the swizzle, whatever its
+  // unit, so no assumption about which bits it permutes (a hand-computed 128-byte-line address summed
+  // parts of other tokens, zero padding included). 8-element runs at multiples of 8 stay contiguous.
+  template <class TensorB>
+  CUTLASS_DEVICE void sum_squares(TensorB const& sB, int stage, int tok, int part) {
     CUTLASS_PRAGMA_UNROLL
-    for (int l = 0; l < kLines; ++l) {
-      // line start: the unswizzled element offset of (tok, l * kLineElems) in this stage; the swizzle acts
-      // on the chunk bits within the line only
-      const int line = int(get_nonswizzle_portion(SmemLayoutB{})(tok, l * kLineElems, stage)) & ~(kLineElems - 1);
+    for (int c = 0; c < kLines * kChunks; ++c) {
+      const int k0 = (c / kChunks) * kLineElems + ((c % kChunks) * kTpt + part) * 8;
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < kChunks; ++i) v[l * kChunks + i] = lds128(b + line + (i * kTpt + part) * 8);
-    }
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kLines * kChunks; ++i) {
-      float f[8];
-      frms::unpack8<Vec>(v[i], f);
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < 8; ++j) ss_[j] = fmaf(f[j], f[j], ss_[j]);
+      for (int j = 0; j < 8; ++j) {
+        const float f = float(sB(tok, k0 + j, stage));
+        ss_[j] = fmaf(f, f, ss_[j]);
+      }
     }
   }
 
@@ -257,7 +230,7 @@ struct SwapRstdMainloop : Base {
         pipeline.consumer_release(smem_pipe_release);
         ++smem_pipe_release;
       }
-      sum_squares(shared_tensors, stage, tok, part);  // CUDA cores, while the tensor cores read the same stage
+      sum_squares(sB, stage, tok, part);  // CUDA cores, while the tensor cores read the same stage
       ++smem_pipe_read;
     }
     warpgroup_wait<0>();  // the accumulators are final (mma_tail's own wait is then a no-op)
