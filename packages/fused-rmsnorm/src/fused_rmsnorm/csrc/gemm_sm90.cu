@@ -132,7 +132,11 @@ struct AfterGridDependency : Base {
 // shared memory for each of its tiles anyway: the consumer threads sum the squares of each stage's x
 // tile while its wgmmas run, and after the K loop scale the accumulator columns (tokens) by rstd before
 // the epilogue (which then only adds the bias).
-__shared__ __align__(16) float frms_tok_rstd[kSelfRstd ? 2 * size<1>(TileShape{}) : 4];  // one slot per consumer WG
+// One slot per consumer warpgroup. Static shared memory comes before CUTLASS's dynamic SharedStorage, whose
+// 128-byte-swizzled TMA / wgmma buffers need 1024-byte-aligned addresses: so this takes exactly 1 KB (the
+// first version, 128 B, shifted every buffer and the GEMM read permuted tiles).
+__shared__ __align__(1024) float frms_tok_rstd[kSelfRstd ? 256 : 4];
+static_assert(!kSelfRstd || 2 * size<1>(TileShape{}) <= 256);
 
 // CUTLASS's TMA warp-specialized (ping-pong) mainloop with the per-token sums of squares added. A B stage
 // holds each token's BK values K-major; kTpt consecutive threads share a token and split each 64-value
