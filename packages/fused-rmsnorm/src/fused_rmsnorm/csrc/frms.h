@@ -17,11 +17,9 @@
 #define FRMS_ERR_VARIANT 100004      // a decode_mma (steps, ldpolicy) variant not compiled for this M
 #define FRMS_ERR_WORKSPACE 100005    // an SM90 GEMM config needs a larger workspace than was passed
 
-#define FRMS_SM90_NUM_CONFIGS 13     // tile configs of gemm_sm90.cu (FRMS_SM90_CFG = 0 .. 12)
+#define FRMS_SM90_NUM_CONFIGS 11     // tile configs of gemm_sm90.cu (FRMS_SM90_CFG = 0 .. 10)
 // the configs on the stream-K scheduler (take splits / a workspace)
 #define FRMS_SM90_IS_STREAM_K(c) ((c) == 6)
-// the configs that compute rstd from their own x tiles (rstd unused, eps used; x must be the GEMM's x operand)
-#define FRMS_SM90_IS_SELF_RSTD(c) ((c) == 11 || (c) == 12)
 
 // Arguments of one SM90 GEMM launch: D = (A @ B^T) * rstd[:, None] (+ bias[None, :]).
 struct FrmsSm90Args {
@@ -30,7 +28,7 @@ struct FrmsSm90Args {
   int64_t lda;
   const void* b;  // (N, K), row stride ldb
   int64_t ldb;
-  const float* rstd;  // (M,) from frms_rstd; unused by the self-rstd configs
+  const float* rstd;
   const void* bias;  // nullptr: none
   void* d;           // (M, N), row stride ldd
   int64_t ldd;
@@ -42,8 +40,6 @@ struct FrmsSm90Args {
   void* workspace;
   size_t workspace_bytes;
   void* stream;
-  int max_ctas;  // > 0: at most this many CTAs in the persistent grid (SMs left to a side rstd launch); 0: one per SM
-  float eps;     // self-rstd configs: rstd = rsqrt(mean(x^2) + eps) from the x tiles (rstd unused)
 };
 
 extern "C" {
@@ -90,6 +86,4 @@ int frms_gemm_sm90_cfg7(const FrmsSm90Args* p, size_t* workspace_size_out);
 int frms_gemm_sm90_cfg8(const FrmsSm90Args* p, size_t* workspace_size_out);
 int frms_gemm_sm90_cfg9(const FrmsSm90Args* p, size_t* workspace_size_out);
 int frms_gemm_sm90_cfg10(const FrmsSm90Args* p, size_t* workspace_size_out);
-int frms_gemm_sm90_cfg11(const FrmsSm90Args* p, size_t* workspace_size_out);
-int frms_gemm_sm90_cfg12(const FrmsSm90Args* p, size_t* workspace_size_out);
 }
