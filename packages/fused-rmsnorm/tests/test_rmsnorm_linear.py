@@ -154,14 +154,18 @@ def test_extension_path_rejects_cpu_tensors(monkeypatch):
 
 
 def test_plan_sm90():
-    # decode shapes (M <= 16, the H200 tuner's range) go to the tensor-core decode kernel, larger M
-    # to the CUTLASS GEMMs
+    # decode shapes go to the tensor-core decode kernel or (9..32 tokens, large weights) the swap-AB
+    # CUTLASS tiles, larger M to the CUTLASS GEMMs
     for M, N in ((1, 4096), (8, 4096), (1, 14336)):
         p = plan("sm90", M, N, 4096, has_gemm=True)
         assert p["path"] == "decode_mma" and p["wn"] == 0 and p["ksplit"] == 0, (M, p)
-    p = plan("sm90", 16, 14336, 4096, has_gemm=True)  # session 8: a 2-CTA cluster halves each CTA's x reads
-    assert p["path"] == "decode_mma" and (p["wn"], p["ksplit"], p.get("wload")) == (8, 2, 1), p
-    p = plan("sm90", 17, 4096, 4096, has_gemm=True)
+    for M, N, K in ((16, 14336, 4096), (9, 8192, 8192)):  # session 11: swap-AB 64x16 tiles
+        p = plan("sm90", M, N, K, has_gemm=True)
+        assert p["path"] == "gemm" and p["config"] == 7, (M, p)
+    for M, N in ((17, 4096), (32, 14336)):  # swap-AB 64x32 tiles up to 32 tokens
+        p = plan("sm90", M, N, 4096, has_gemm=True)
+        assert p["path"] == "gemm" and p["config"] == 8, (M, p)
+    p = plan("sm90", 33, 4096, 4096, has_gemm=True)
     assert p["path"] == "gemm" and p["config"] == 2
     p = plan("sm90", 128, 8192, 8192, has_gemm=True)  # W-bound: 64x128 cluster-2 (W tiles multicast)
     assert p["path"] == "gemm" and p["config"] == 3 and p.get("raster") == 2
