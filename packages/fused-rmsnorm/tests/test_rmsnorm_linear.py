@@ -162,6 +162,9 @@ def test_plan_sm90():
     for M, N, K in ((16, 14336, 4096), (9, 8192, 8192)):  # session 11: swap-AB 64x16 tiles
         p = plan("sm90", M, N, K, has_gemm=True)
         assert p["path"] == "gemm" and p["config"] == 7, (M, p)
+        # functional calls (no folded W') keep the decode kernel there: the GEMM would pay a per-call x * g
+        p = plan("sm90", M, N, K, has_gemm=True, folded=False)
+        assert p["path"] == "decode_mma" and "fn" not in p, (M, p)
     for M, N in ((17, 4096), (32, 14336)):  # swap-AB 64x32 tiles up to 32 tokens
         p = plan("sm90", M, N, 4096, has_gemm=True)
         assert p["path"] == "gemm" and p["config"] == 8, (M, p)

@@ -77,13 +77,18 @@ def torch_reference(x, w_norm, w_lin, bias, eps):
 # ---------------------------------------------------------------------------------------- planning
 
 
-def plan(arch: str, M: int, N: int, K: int, *, has_gemm: bool, has_mma: bool = True) -> dict:
+def plan(arch: str, M: int, N: int, K: int, *, has_gemm: bool, has_mma: bool = True, folded: bool = True) -> dict:
     """Kernel choice for one call: {"path": "decode_mma"|"decode"|"gemm"|"torch_gemm", ...}.
 
     ``has_mma``: the binary has the tensor-core decode kernel and the GPU is sm_80+; without it a
-    decode_mma entry runs the CUDA-core decode kernel instead.
+    decode_mma entry runs the CUDA-core decode kernel instead. ``folded``: the call has the modules'
+    W' = W * g; without it (a functional call) an entry's optional "fn" config replaces it (the GEMM
+    configs then pay a per-call x * g, which decode_mma does not).
     """
     cfg = _TUNING.lookup(arch, M=M, N=N, K=K, MN=M * N)
+    fn = cfg.pop("fn", None)
+    if fn is not None and not folded:
+        cfg = dict(fn)
     path = cfg.get("path", "gemm")
     if path == "decode_mma" and not has_mma:
         path = "decode"
@@ -261,7 +266,7 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
     cap = torch.cuda.get_device_capability(x.device)
     arch = arch_key(x.device)
     has_gemm = (cap[0] == 9 and ext.has_gemm_sm90) or (cap[0] == 8 and ext.has_gemm_sm80)
-    p = plan(arch, M, N, D, has_gemm=has_gemm, has_mma=cap[0] >= 8 and ext.has_decode_mma)
+    p = plan(arch, M, N, D, has_gemm=has_gemm, has_mma=cap[0] >= 8 and ext.has_decode_mma, folded=w_folded is not None)
     b = _vec(bias)
     bptr = b.data_ptr() if b is not None else 0
     mod = ext.module
