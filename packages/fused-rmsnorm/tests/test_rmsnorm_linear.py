@@ -772,8 +772,7 @@ def test_sm90_configs_match_build_and_header():
 
     h = (_build.CSRC / "frms.h").read_text()
     assert int(re.search(r"#define FRMS_SM90_NUM_CONFIGS (\d+)", h).group(1)) == SM90_NUM_CONFIGS
-    sk = re.search(r"#define FRMS_SM90_IS_STREAM_K\(c\) (.*)", h).group(1)
-    assert tuple(int(c) for c in re.findall(r"\(c\) == (\d+)", sk)) == SM90_STREAM_K_CONFIGS
+    assert (int(re.search(r"#define FRMS_SM90_STREAM_K_CONFIG (\d+)", h).group(1)),) == SM90_STREAM_K_CONFIGS
     assert _build.SM90_CONFIGS == tuple(range(SM90_NUM_CONFIGS))
     src = (_build.CSRC / "gemm_sm90.cu").read_text()
     for c in range(SM90_NUM_CONFIGS):

@@ -202,15 +202,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("compiled_archs", &compiled_archs, "arch list this binary was compiled for, e.g. ['8.0', '9.0a']");
   m.def("has_sm90_gemm", [] { return bool(FRMS_HAVE_SM90); });
   m.def("num_sm90_configs", [] { return int(FRMS_SM90_NUM_CONFIGS); }, "tile configs of the SM90 GEMM (0..n-1)");
-  m.def(
-      "sm90_stream_k_configs",
-      [] {
-        std::vector<int> v;
-        for (int c = 0; c < FRMS_SM90_NUM_CONFIGS; ++c)
-          if (FRMS_SM90_IS_STREAM_K(c)) v.push_back(c);
-        return v;
-      },
-      "SM90 configs that take splits / a workspace");
+  m.def("sm90_stream_k_configs", [] { return std::vector<int>{FRMS_SM90_STREAM_K_CONFIG}; }, "SM90 configs that take splits / a workspace");
   m.def("has_sm80_gemm", [] { return bool(FRMS_HAVE_SM80); });
   m.def("has_decode_mma", [] { return bool(FRMS_HAVE_MMA); });
 #ifdef FRMS_MMA_LIGHT

@@ -18,8 +18,7 @@
 #define FRMS_ERR_WORKSPACE 100005    // an SM90 GEMM config needs a larger workspace than was passed
 
 #define FRMS_SM90_NUM_CONFIGS 11     // tile configs of gemm_sm90.cu (FRMS_SM90_CFG = 0 .. 10)
-// the configs on the stream-K scheduler (take splits / a workspace)
-#define FRMS_SM90_IS_STREAM_K(c) ((c) == 6)
+#define FRMS_SM90_STREAM_K_CONFIG 6  // the one config on the stream-K scheduler (takes splits / a workspace)
 
 // Arguments of one SM90 GEMM launch: D = (A @ B^T) * rstd[:, None] (+ bias[None, :]).
 struct FrmsSm90Args {

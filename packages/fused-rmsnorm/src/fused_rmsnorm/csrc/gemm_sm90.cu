@@ -93,7 +93,7 @@ constexpr bool kSwap = Cfg::kSwap;
 #define FRMS_CAT(a, b) FRMS_CAT2(a, b)
 #define FRMS_ENTRY FRMS_CAT(frms_gemm_sm90_cfg, FRMS_SM90_CFG)
 constexpr bool kStreamK = cute::is_same_v<TileSched, cutlass::gemm::StreamKScheduler>;
-static_assert(kStreamK == FRMS_SM90_IS_STREAM_K(FRMS_SM90_CFG), "frms.h names the stream-K configs");
+static_assert(kStreamK == (FRMS_SM90_CFG == FRMS_SM90_STREAM_K_CONFIG), "frms.h names the stream-K config");
 
 // The rstd vector comes from the kernel launched just before this GEMM, which triggers programmatic
 // dependent launch at its start. CUTLASS's own grid-dependency wait sits before the mainloop (it

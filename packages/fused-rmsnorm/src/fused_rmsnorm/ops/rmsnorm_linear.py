@@ -159,7 +159,7 @@ def mma_variant_args(cfg: dict) -> tuple[int, int, int]:
 
 
 SM90_NUM_CONFIGS = 11  # csrc/frms.h FRMS_SM90_NUM_CONFIGS
-SM90_STREAM_K_CONFIGS = (6,)  # csrc/frms.h FRMS_SM90_IS_STREAM_K: the configs that take splits / a workspace
+SM90_STREAM_K_CONFIGS = (6,)  # csrc/frms.h FRMS_SM90_STREAM_K_CONFIG: the config that takes splits / a workspace
 
 
 def sm90_knob_args(cfg: dict) -> tuple[int, int, int]:
