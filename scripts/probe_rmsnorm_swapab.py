@@ -1,8 +1,10 @@
 """GPU probe: the swap-AB CUTLASS decode configs (7 = 64 W rows x 16 tokens x 128 k, 8 = 64 x 32 x 128,
-9 / 10 = the same with 64-wide k-blocks; ping-pong, 2-CTA clusters) against the shipped decode choice
+9 / 10 = the same with 64-wide k-blocks, 11 = 7 computing rstd itself; ping-pong, 2-CTA
+clusters) against the shipped decode choice
 and F.linear, at decode batch sizes.
 
-    python scripts/probe_rmsnorm_swapab.py OUTDIR [--budget 150] [--dry-run]
+    python scripts/probe_rmsnorm_swapab.py OUTDIR [--budget 150] [--dry-run] [--ms 16,32]
+        [--weights 4096x14336] [--variants gemm7,gemm11]
 
 Needs the extension built in place (``python -m fused_rmsnorm._build --inplace``). For each (D, N) and
 M below: F.linear on the same rotated weights, then every variant on the module path (folded W', as
@@ -40,6 +42,7 @@ VARIANTS = {
     "gemm8": {"path": "gemm", "config": 8, "pdl": True},
     "gemm9": {"path": "gemm", "config": 9, "pdl": True},
     "gemm10": {"path": "gemm", "config": 10, "pdl": True},
+    "gemm11": {"path": "gemm", "config": 11, "pdl": True},  # 7 with rstd from x in-kernel (fn: runs 7)
     "mma_auto": {"path": "decode_mma", "wn": 0, "ksplit": 0},
 }
 
@@ -49,7 +52,13 @@ def main() -> int:
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--budget", type=float, default=150.0, help="seconds from script start (default 150)")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--ms", default=",".join(map(str, MS)), help="token counts, comma-separated")
+    ap.add_argument("--weights", default=",".join(f"{d}x{n}" for d, n in WEIGHTS), help="DxN list")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="variant names to time besides shipped")
     args = ap.parse_args()
+    ms = [int(m) for m in args.ms.split(",")]
+    weights = [tuple(int(v) for v in dn.split("x")) for dn in args.weights.split(",")]
+    variants = {k: VARIANTS[k] for k in args.variants.split(",")}
     out = args.out_dir
     out.mkdir(parents=True, exist_ok=True)
     res: dict = {"rows": [], "notes": []}
@@ -82,15 +91,15 @@ def main() -> int:
         def one(wi):  # the stream is looked up per call: graph capture runs on a side stream
             s = torch.cuda.current_stream().cuda_stream
             mod.gemm_sm90(1, c, x.data_ptr(), D, wi.data_ptr(), D, rstd.data_ptr(), 0, y.data_ptr(), N, M, N, D,
-                          False, s, *knobs, wsp, wsn)  # fmt: skip
+                          False, s, *knobs, wsp, wsn, T.EPS)  # fmt: skip
 
         return harness.time_ms(calls(lambda _x, wi: one(wi), x, ws), small=True, rep_ms=20) * 1e3
 
     with torch.no_grad():
-        for D, N in WEIGHTS:
+        for D, N in weights:
             gpu.setup(D, N)
             g, w, ws = gpu.data[(D, N)]
-            for M in MS:
+            for M in ms:
                 if time.perf_counter() - T_START > args.budget:
                     res["notes"].append(f"budget: stopped before M{M} D{D} N{N}")
                     break
@@ -109,7 +118,7 @@ def main() -> int:
                 def functional(x, wi, g=g):  # unfolded: the rotated copies stand in for W (same bytes)
                     return op._launch_ext(x, g, wi, None, T.EPS)
 
-                for key, cfg in [("shipped", row["shipped"]), *VARIANTS.items()]:
+                for key, cfg in [("shipped", row["shipped"]), *variants.items()]:
                     try:
                         err = gpu.check(cfg, M, D, N, x, ref)
                     except Exception as e:  # noqa: BLE001 - a config the binary lacks, a launch failure
@@ -123,11 +132,14 @@ def main() -> int:
                     row["us"][key] = round(timed(cfg, calls(module, x, ws)), 3)
                     row["fn_us"][key] = round(timed(cfg, calls(functional, x, ws)), 3)
                     if cfg["path"] == "gemm":
-                        row["raw_us"][key] = round(raw_gemm_us(cfg, x, ws), 3)
+                        try:  # a self-rstd config refuses more tokens than its tile (the module runs its twin)
+                            row["raw_us"][key] = round(raw_gemm_us(cfg, x, ws), 3)
+                        except RuntimeError as e:
+                            row["raw_us"][key] = f"{e}"[:80]
                 res["rows"].append(row)
                 print(json.dumps({k: row[k] for k in ("shape", "us", "fn_us", "failed")}), flush=True)
                 (out / "probe_rmsnorm_swapab.json").write_text(json.dumps(res, indent=1, default=str))
-    keys = ["shipped", *VARIANTS]
+    keys = ["shipped", *variants]
     print("\nmodule us (fn us) [GEMM alone] | F.linear | " + " | ".join(keys))
     for row in res["rows"]:
         M, D, N = row["shape"]

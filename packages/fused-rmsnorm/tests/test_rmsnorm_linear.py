@@ -159,9 +159,10 @@ def test_plan_sm90():
     for M, N in ((1, 4096), (8, 4096), (1, 14336)):
         p = plan("sm90", M, N, 4096, has_gemm=True)
         assert p["path"] == "decode_mma" and p["wn"] == 0 and p["ksplit"] == 0, (M, p)
-    for M, N, K in ((16, 14336, 4096), (9, 8192, 8192)):  # session 11: swap-AB 64x16 tiles
+    # session 11: swap-AB 64x16 tiles; session 12: at N14336 the same tile computing rstd itself
+    for M, N, K, cfg in ((16, 14336, 4096, 11), (2, 14336, 4096, 11), (9, 8192, 8192, 7)):
         p = plan("sm90", M, N, K, has_gemm=True)
-        assert p["path"] == "gemm" and p["config"] == 7, (M, p)
+        assert p["path"] == "gemm" and p["config"] == cfg, (M, p)
         # functional calls (no folded W') keep the decode kernel there: the GEMM would pay a per-call x * g
         p = plan("sm90", M, N, K, has_gemm=True, folded=False)
         assert p["path"] == "decode_mma" and "fn" not in p, (M, p)
@@ -645,10 +646,11 @@ def test_gpu_compute_sanitizer_memcheck(tmp_path):
         "    w = torch.randn(136, D, device='cuda').half(); b = torch.randn(136, device='cuda').half()\n"
         "    y = fused_rmsnorm_linear(x, g, w, b)\n"
         "import fused_rmsnorm.ops.rmsnorm_linear as op\n"
-        "for c, M in ((7, 5), (8, 17)):  # swap-AB decode configs (N = 136: a partial, odd-count W tile)\n"
+        "for c, M in ((7, 5), (8, 17), (11, 5), (11, 16)):  # swap-AB decode configs (N = 136: partial W tile)\n"
         "    op.plan = lambda *a, c=c, **k: {'path': 'gemm', 'config': c, 'pdl': True}\n"
         "    x = torch.randn(M, D, device='cuda').half()\n"
         "    y = fused_rmsnorm_linear(x, g, w, b)\n"
+        "    y = op.fused_rmsnorm_linear_folded(x, g, w, op.fold_weight(g, w), b)\n"
         "torch.cuda.synchronize(); print('OK')\n"
     )
     res = subprocess.run(
@@ -777,7 +779,11 @@ def test_sm90_configs_match_build_and_header():
     src = (_build.CSRC / "gemm_sm90.cu").read_text()
     for c in range(SM90_NUM_CONFIGS):
         assert f"frms_gemm_sm90_cfg{c}" in src and f"FRMS_FWD_OK({c})" in src  # entry + light forwarder
-    assert _build.SM90_LIGHT_CONFIGS == (2, 7)  # one per family: the plain and the swap-AB template paths
+    assert _build.SM90_LIGHT_CONFIGS == (2, 7, 11)  # one per family: plain, swap-AB, swap-AB self rstd
+    from fused_rmsnorm.ops.rmsnorm_linear import SM90_SELF_RSTD_TWIN
+
+    self_rstd = re.search(r"#define FRMS_SM90_IS_SELF_RSTD\(c\) (.*)", h).group(1)
+    assert tuple(int(c) for c in re.findall(r"\(c\) == (\d+)", self_rstd)) == tuple(SM90_SELF_RSTD_TWIN)
 
 
 def _sm90_ext_or_skip():
@@ -825,15 +831,16 @@ def test_gpu_sm90_every_config_and_knob(config, raster, swizzle, splits, M, dtyp
 @pytest.mark.parametrize("config", SM90_SWAP_CONFIGS)
 def test_gpu_sm90_swap_ab_configs(config, M, dtype, monkeypatch):
     """The swap-AB decode configs (output written as a column-major D^T, rstd a row broadcast, bias a
-    column broadcast): token counts off the 16/32 tile, a partial last W-row tile (N = 936: 15 tiles
-    of 64 rows, an odd count for the 2-CTA clusters), x with padded rows, bias, module and functional
-    operands, and a CUDA-graph replay."""
+    column broadcast; config 11 computes rstd in-kernel): token counts off the 16/32 tile, a partial
+    last W-row tile (N = 936: 15 tiles of 64 rows, an odd count for the 2-CTA clusters), x with padded
+    rows of very different scales, bias, module and functional operands, and a CUDA-graph replay."""
     from fused_rmsnorm.ops import rmsnorm_linear as op
 
     _sm90_ext_or_skip()
     D, N = 2056, 936
     x, g, w, b = _gpu_case(M, D + 24, N, dtype, bias=True, seed=31 * M + config)
-    x = x[:, :D]  # row stride D + 24: not packed
+    # rows 100x apart in scale: an rstd applied to the wrong token cannot pass
+    x = (x.float() * torch.logspace(-1, 1, M, device="cuda")[:, None]).to(dtype)[:, :D]  # row stride D + 24
     g, w = g[:D].contiguous(), w[:, :D].contiguous()
     ref = _ref32(x, g, w, b, 1e-6).double()
     cfg = {"path": "gemm", "config": config, "pdl": True}
@@ -853,6 +860,31 @@ def test_gpu_sm90_swap_ab_configs(config, M, dtype, monkeypatch):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.isfinite(yg).all() and rel_err(yg, ref) <= 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [136, 4104])
+@pytest.mark.parametrize("M", [3, 16, 32])
+def test_gpu_sm90_self_rstd_multi_tile(M, D, monkeypatch):
+    """Self-rstd swap-AB configs with several W tiles per CTA (301 64-row tiles, the last partial, on at
+    most 132 CTAs): the TMA producer's waits on the aux warp's reads span the first two tiles of a CTA,
+    also when a tile has fewer k-tiles than the ring has stages (D = 136: 2 k-tiles)."""
+    from fused_rmsnorm.ops import rmsnorm_linear as op
+
+    _sm90_ext_or_skip()
+    N = 64 * 300 + 8
+    x, g, w, b = _gpu_case(M, D, N, torch.bfloat16, bias=True, seed=M + D)
+    x = (x.float() * torch.logspace(-1, 1, M, device="cuda")[:, None]).to(torch.bfloat16)
+    ref = _ref32(x, g, w, b, 1e-6).double()
+    wf = fold_weight(g, w)
+    for config in op.SM90_SELF_RSTD_TWIN:
+        if M > op.SM90_SELF_RSTD_TOKENS[config]:
+            continue
+        monkeypatch.setattr(op, "plan", lambda *a, c=config, **k: {"path": "gemm", "config": c, "pdl": True})
+        for _ in range(3):  # repeated launches: the mbarriers are initialized per launch
+            y = op.fused_rmsnorm_linear_folded(x, g, w, wf, b)
+            torch.cuda.synchronize()
+            assert torch.isfinite(y).all() and rel_err(y, ref) <= 1e-2, (config, M, D)
 
 
 @pytest.mark.gpu

@@ -64,7 +64,7 @@ Sm90Entry sm90_entry(int config) {
   static const Sm90Entry table[FRMS_SM90_NUM_CONFIGS] = {
       frms_gemm_sm90_cfg0, frms_gemm_sm90_cfg1, frms_gemm_sm90_cfg2, frms_gemm_sm90_cfg3,
       frms_gemm_sm90_cfg4, frms_gemm_sm90_cfg5, frms_gemm_sm90_cfg6, frms_gemm_sm90_cfg7,
-      frms_gemm_sm90_cfg8, frms_gemm_sm90_cfg9, frms_gemm_sm90_cfg10};
+      frms_gemm_sm90_cfg8, frms_gemm_sm90_cfg9, frms_gemm_sm90_cfg10, frms_gemm_sm90_cfg11};
   return config >= 0 && config < FRMS_SM90_NUM_CONFIGS ? table[config] : sm90_bad_config;
 }
 #endif
@@ -138,11 +138,11 @@ PYBIND11_MODULE(_C, m) {
       [](int dtype, int config, std::uintptr_t a, int64_t lda, std::uintptr_t b, int64_t ldb, std::uintptr_t rstd,
          std::uintptr_t bias, std::uintptr_t d, int64_t ldd, int64_t M, int64_t N, int64_t K, bool pdl,
          std::uintptr_t stream, int raster, int swizzle, int splits, std::uintptr_t workspace,
-         std::size_t workspace_bytes) {
+         std::size_t workspace_bytes, float eps) {
 #if FRMS_HAVE_SM90
         FrmsSm90Args p{dtype, cptr(a), lda, cptr(b), ldb, reinterpret_cast<const float*>(rstd),
                        bias ? cptr(bias) : nullptr, mptr(d), ldd, M, N, K, pdl ? 1 : 0, raster, swizzle, splits,
-                       workspace ? mptr(workspace) : nullptr, workspace_bytes, mptr(stream)};
+                       workspace ? mptr(workspace) : nullptr, workspace_bytes, mptr(stream), eps};
         check(sm90_entry(config)(&p, nullptr), "gemm_sm90");
 #else
         check(FRMS_ERR_NOT_BUILT, "gemm_sm90");
@@ -151,11 +151,12 @@ PYBIND11_MODULE(_C, m) {
       "SM90 CUTLASS GEMM with the rstd row scale. config: tile config 0..num_sm90_configs()-1; raster: tile "
       "scheduler raster order 0 heuristic / 1 along M / 2 along N; swizzle: max swizzle 0 (=1) | 1 | 2 | 4 | 8; "
       "splits: stream-K config only, > 1 = fixed split-K; workspace: device buffer of gemm_sm90_workspace() bytes "
-      "(stream-K only; the other configs need none).",
+      "(stream-K only; the other configs need none); eps: the self-rstd configs (sm90_self_rstd_configs()) compute "
+      "rstd = rsqrt(mean(a^2) + eps) from a = x themselves (rstd unused, b must be W' = W * g, pdl must be false).",
       py::arg("dtype"), py::arg("config"), py::arg("a"), py::arg("lda"), py::arg("b"), py::arg("ldb"),
       py::arg("rstd"), py::arg("bias"), py::arg("d"), py::arg("ldd"), py::arg("M"), py::arg("N"), py::arg("K"),
       py::arg("pdl"), py::arg("stream"), py::arg("raster") = 0, py::arg("swizzle") = 0, py::arg("splits") = 1,
-      py::arg("workspace") = 0, py::arg("workspace_bytes") = 0);
+      py::arg("workspace") = 0, py::arg("workspace_bytes") = 0, py::arg("eps") = 0.f);
 
   m.def(
       "gemm_sm90_workspace",
@@ -203,6 +204,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("has_sm90_gemm", [] { return bool(FRMS_HAVE_SM90); });
   m.def("num_sm90_configs", [] { return int(FRMS_SM90_NUM_CONFIGS); }, "tile configs of the SM90 GEMM (0..n-1)");
   m.def("sm90_stream_k_configs", [] { return std::vector<int>{FRMS_SM90_STREAM_K_CONFIG}; }, "SM90 configs that take splits / a workspace");
+  m.def(
+      "sm90_self_rstd_configs",
+      [] {
+        std::vector<int> v;
+        for (int c = 0; c < FRMS_SM90_NUM_CONFIGS; ++c)
+          if (FRMS_SM90_IS_SELF_RSTD(c)) v.push_back(c);
+        return v;
+      },
+      "SM90 configs that compute rstd from x themselves (no rstd kernel; need eps > 0, no PDL)");
   m.def("has_sm80_gemm", [] { return bool(FRMS_HAVE_SM80); });
   m.def("has_decode_mma", [] { return bool(FRMS_HAVE_MMA); });
 #ifdef FRMS_MMA_LIGHT

@@ -17,8 +17,10 @@
 #define FRMS_ERR_VARIANT 100004      // a decode_mma (steps, ldpolicy) variant not compiled for this M
 #define FRMS_ERR_WORKSPACE 100005    // an SM90 GEMM config needs a larger workspace than was passed
 
-#define FRMS_SM90_NUM_CONFIGS 11     // tile configs of gemm_sm90.cu (FRMS_SM90_CFG = 0 .. 10)
+#define FRMS_SM90_NUM_CONFIGS 12     // tile configs of gemm_sm90.cu (FRMS_SM90_CFG = 0 .. 11)
 #define FRMS_SM90_STREAM_K_CONFIG 6  // the one config on the stream-K scheduler (takes splits / a workspace)
+// the configs that compute rstd from x themselves (rstd unused, eps used, never PDL; a must be x)
+#define FRMS_SM90_IS_SELF_RSTD(c) ((c) == 11)
 
 // Arguments of one SM90 GEMM launch: D = (A @ B^T) * rstd[:, None] (+ bias[None, :]).
 struct FrmsSm90Args {
@@ -39,6 +41,7 @@ struct FrmsSm90Args {
   void* workspace;
   size_t workspace_bytes;
   void* stream;
+  float eps;  // self-rstd configs: rstd = rsqrt(mean(x^2) + eps) from a = x (rstd unused)
 };
 
 extern "C" {
@@ -85,4 +88,5 @@ int frms_gemm_sm90_cfg7(const FrmsSm90Args* p, size_t* workspace_size_out);
 int frms_gemm_sm90_cfg8(const FrmsSm90Args* p, size_t* workspace_size_out);
 int frms_gemm_sm90_cfg9(const FrmsSm90Args* p, size_t* workspace_size_out);
 int frms_gemm_sm90_cfg10(const FrmsSm90Args* p, size_t* workspace_size_out);
+int frms_gemm_sm90_cfg11(const FrmsSm90Args* p, size_t* workspace_size_out);
 }

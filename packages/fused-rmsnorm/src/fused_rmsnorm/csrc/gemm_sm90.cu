@@ -5,10 +5,11 @@
 // vector, plus an optional row-broadcast bias that defaults to 0 when its pointer is null).
 // Configs 7-10 compute the same D with the operands swapped (D^T = W' x^T: W rows are the wgmma M, tokens
 // its N), for decode batches where 64-row token tiles would be mostly padding.
-// This file is compiled once per tile config (FRMS_SM90_CFG = 0..10, see below) and only for sm_90a.
+// This file is compiled once per tile config (FRMS_SM90_CFG = 0..11, see below) and only for sm_90a.
 // Runtime knobs of every config (FrmsSm90Args): the tile scheduler's raster order and max swizzle, and
 // for the stream-K config a split-K count; a workspace is taken only where CUTLASS needs one.
 #include "frms.h"
+#include "vec.cuh"
 
 #include <cuda_runtime.h>
 
@@ -38,9 +39,11 @@ using namespace cute;
 // W tile through TMA multicast), the cooperative (both consumer warpgroups on one tile) or
 // ping-pong (one tile per consumer warpgroup) schedule, and the tile scheduler.
 template <int BM, int BN, int CM, bool Coop, class Sched = cutlass::gemm::PersistentScheduler, bool Swap = false,
-          int BK = 64>
+          int BK = 64, bool SelfRstd = false>
 struct Sm90Cfg {
-  static constexpr bool kSwap = Swap;  // BM x BN tile of D^T = W' x^T (BM weight rows x BN tokens)
+  static constexpr bool kSwap = Swap;          // BM x BN tile of D^T = W' x^T (BM weight rows x BN tokens)
+  static constexpr bool kSelfRstd = SelfRstd;  // rstd from x by the GEMM itself (SelfRstdMainloop)
+  static_assert(!SelfRstd || (Swap && !Coop), "self rstd: swap-AB ping-pong configs only");
   using TileShape = Shape<Int<BM>, Int<BN>, Int<BK>>;
   using ClusterShape = Shape<Int<CM>, _1, _1>;
   using KernelSchedule = std::conditional_t<Coop, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
@@ -80,6 +83,9 @@ using Cfg = Sm90Cfg<64, 16, 2, false, cutlass::gemm::PersistentScheduler, true>;
 #elif FRMS_SM90_CFG == 10
 // as 8 with 64-wide k-blocks
 using Cfg = Sm90Cfg<64, 32, 2, false, cutlass::gemm::PersistentScheduler, true>;
+#elif FRMS_SM90_CFG == 11
+// 7 computing rstd itself (one launch, no rstd kernel); needs the GEMM's x operand to be x (g folded into W')
+using Cfg = Sm90Cfg<64, 16, 2, false, cutlass::gemm::PersistentScheduler, true, 128, true>;
 #else
 #error "unknown FRMS_SM90_CFG"
 #endif
@@ -89,6 +95,8 @@ using KernelSchedule = Cfg::KernelSchedule;
 using EpiSchedule = Cfg::EpiSchedule;
 using TileSched = Cfg::TileSched;
 constexpr bool kSwap = Cfg::kSwap;
+constexpr bool kSelfRstd = Cfg::kSelfRstd;
+static_assert(kSelfRstd == FRMS_SM90_IS_SELF_RSTD(FRMS_SM90_CFG), "frms.h names the self-rstd configs");
 #define FRMS_CAT2(a, b) a##b
 #define FRMS_CAT(a, b) FRMS_CAT2(a, b)
 #define FRMS_ENTRY FRMS_CAT(frms_gemm_sm90_cfg, FRMS_SM90_CFG)
@@ -115,6 +123,254 @@ struct AfterGridDependency : Base {
   }
 };
 
+// ---------------------------------------------------------------------------------- self rstd (config 11)
+// Decode: the rstd kernel in front of the swap-AB GEMM costs ~1.2-1.7 us per call even under PDL (H200,
+// session 11: M16 N14336 GEMM alone 30.7-31.0 us, after the rstd kernel 32.2). Two in-kernel forms were
+// slower (benchmarks/results/probes/): the consumer warpgroups summing x^2 from each stage inside their K
+// loop (34.1 us), and a consumer warpgroup reading all of x from L2 before its first K loop (33.4 vs 32.0:
+// 132 CTAs x 128 KB of extra L2 traffic). Here the sums are made by the producer warpgroup's fourth warp,
+// idle in CUTLASS's schedule, which CUTLASS runs as its "auxiliary load" warp when the mainloop's dispatch
+// policy asks for one (SelfRstdPolicy): it reads each stage's x tile (the GEMM's B, 16 or 32 tokens x BK)
+// from shared memory once it has landed, during the CTA's first tile only (x, one token tile, is the same
+// for every tile). A TMA producer may not refill a stage of that first tile before the aux warps of the
+// cluster have read it (an mbarrier per stage; x is multicast), which should cost little while the ring
+// is deeper than HBM latency needs.
+// The aux warp publishes rstd through a second mbarrier; each consumer warpgroup scales its accumulator
+// columns (tokens) after the K loop, and the epilogue only adds the bias.
+template <class BasePolicy>
+struct SelfRstdPolicy : BasePolicy {};
+}  // namespace
+
+namespace cutlass::gemm::kernel::detail {
+template <class BasePolicy>
+struct HasAuxiliaryLoad<SelfRstdPolicy<BasePolicy>> : cute::true_type {};
+}  // namespace cutlass::gemm::kernel::detail
+
+namespace {
+// Static shared memory comes before CUTLASS's dynamic SharedStorage, whose 128-byte-swizzled TMA / wgmma
+// buffers need 1024-byte-aligned addresses: exactly 1 KB, 1024-aligned (a 128-byte region shifted every
+// buffer and the GEMM read permuted tiles, session 11).
+struct alignas(1024) SelfRstdSmem {
+  float rstd[128];
+  uint64_t stage_read[63];  // aux warp -> TMA producer: the x tile of this stage (first tile) is read
+  uint64_t ready;           // aux warp -> consumers: rstd[] is written
+};
+static_assert(sizeof(SelfRstdSmem) == 1024);
+
+// Function-scope static shared memory: only kernels built on the self-rstd mainloop carry it.
+CUTLASS_DEVICE SelfRstdSmem& self_rstd_smem() {
+  __shared__ SelfRstdSmem s;
+  return s;
+}
+
+// CUTLASS's TMA pipeline, plus the self-rstd mbarriers, initialized where CUTLASS initializes its own:
+// before the kernel's cluster-wide arrive / wait, so the peer CTA's aux warp may arrive on them.
+template <class Base, int kClusterCtas>
+struct SelfRstdPipeline : Base {
+  template <class Storage, class Params, class ClusterShape>
+  CUTLASS_DEVICE SelfRstdPipeline(Storage& storage, Params params, ClusterShape cluster_shape)
+      : Base(storage, params, cluster_shape) {
+    if (threadIdx.x == 0) {
+      SelfRstdSmem& sm = self_rstd_smem();
+      // a stage's x tile arrives from every CTA of the cluster (TMA multicast): each aux warp must read it
+      for (int i = 0; i < int(Base::Stages); ++i) cutlass::arch::ClusterBarrier::init(&sm.stage_read[i], kClusterCtas);
+      cutlass::arch::ClusterBarrier::init(&sm.ready, 1);
+      cutlass::arch::fence_barrier_init();
+    }
+  }
+};
+
+template <class Base, class T>
+struct SelfRstdMainloop : Base {
+  using DispatchPolicy = SelfRstdPolicy<typename Base::DispatchPolicy>;
+  using ClusterShape = typename Base::DispatchPolicy::ClusterShape;
+  static constexpr int kClusterCtas = size<0>(ClusterShape{});  // along the W rows: every CTA gets the same x
+  static_assert(size<1>(ClusterShape{}) == 1 && size<2>(ClusterShape{}) == 1);
+  using MainloopPipeline = SelfRstdPipeline<typename Base::MainloopPipeline, kClusterCtas>;
+  using typename Base::PipelineState;
+  using typename Base::SmemLayoutB;
+  using typename Base::TensorStorage;
+  using typename Base::TiledMma;
+  static constexpr int BM = size<0>(typename Base::TileShape{});
+  static constexpr int BN = size<1>(typename Base::TileShape{});
+  static constexpr int BK = size<2>(typename Base::TileShape{});
+  static constexpr int kStages = Base::DispatchPolicy::Stages;
+  static constexpr int kThreads = size(TiledMma{});  // one consumer warpgroup per tile (ping-pong)
+  static constexpr int kAcc = BM * BN / kThreads;
+  static constexpr int kTokLanes = 32 / BN;  // aux-warp lanes per token: 2 (16 tokens) or 1 (32)
+  static_assert(kThreads == cutlass::NumThreadsPerWarpGroup && kTokLanes * BN == 32 && BN <= 128);
+  static_assert(kStages <= 63 && BK % (8 * kTokLanes) == 0 && sizeof(T) == 2);
+  using Vec = std::conditional_t<std::is_same_v<T, cutlass::bfloat16_t>, __nv_bfloat16, __half>;
+
+  struct Arguments : Base::Arguments {
+    float eps = 0.f;
+  };
+  struct Params : Base::Params {
+    float eps;
+    float k;  // the row length the mean divides by
+  };
+
+  template <class ProblemShape>
+  static Params to_underlying_arguments(ProblemShape const& problem_shape, Arguments const& args, void* workspace) {
+    Params p;
+    static_cast<typename Base::Params&>(p) = Base::to_underlying_arguments(problem_shape, args, workspace);
+    p.eps = args.eps;
+    p.k = float(get<2>(problem_shape));
+    return p;
+  }
+
+  float rs_[kAcc];  // consumer threads: rstd of each accumulator column, once per kernel
+  bool have_rstd_ = false;
+
+  // Aux warp (producer warpgroup, warp 3): called once per tile; works on the first.
+  template <class TensorA, class TensorB, class KTileIterator, class BlockCoord>
+  CUTLASS_DEVICE void load_auxiliary(Params const& params, MainloopPipeline pipeline, PipelineState,
+                                     cute::tuple<TensorA, TensorB> const&, BlockCoord const&, KTileIterator,
+                                     int k_tile_count, int lane, uint32_t, TensorStorage& shared_tensors) {
+    if (have_rstd_) return;
+    have_rstd_ = true;
+    SelfRstdSmem& sm = self_rstd_smem();
+    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});  // (BN, BK, PIPE)
+    // A token's BK values in a stage are BK / 64 128-byte lines (K-major, 128-byte swizzle): the swizzle
+    // only permutes the 16-byte chunks inside a line, and a sum of squares does not care about order, so a
+    // lane reads whole lines. Lane = (token, line group); the chunk order is rotated by lane so that the
+    // 8 lanes of a shared-memory phase hit different banks. One warp does this alone: the loads are
+    // batched (kBatch in flight) with independent partial sums, or its latency would pace the TMA warp.
+    constexpr int kLinesPerTok = BK / 64;
+    constexpr int kLinesPerLane = kLinesPerTok / kTokLanes;
+    static_assert(kLinesPerLane >= 1 && kLinesPerLane * kTokLanes == kLinesPerTok);
+    const int tok = lane / kTokLanes, part = lane % kTokLanes;
+    const uint32_t s0 = cute::cast_smem_ptr_to_uint(&sB(0, 0, 0));
+    const uint32_t stage_bytes = cute::cast_smem_ptr_to_uint(&sB(0, 0, 1)) - s0;
+    uint32_t line[kLinesPerLane];  // stage-0 addresses of this lane's lines (128-byte aligned)
+    CUTLASS_PRAGMA_UNROLL
+    for (int l = 0; l < kLinesPerLane; ++l)
+      line[l] = cute::cast_smem_ptr_to_uint(&sB(tok, (part * kLinesPerLane + l) * 64, 0)) & ~127u;
+    constexpr int kChunks = 8 * kLinesPerLane;  // 16-byte chunks per lane per k-tile
+    constexpr int kBatch = 4;
+    static_assert(kChunks % kBatch == 0);
+    float ss[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    PipelineState rd;  // consumer view of the CTA's first k-tile: the first tile starts the pipeline
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int kt = 0; kt < k_tile_count; ++kt) {
+      pipeline.consumer_wait(rd);  // the stage has landed (waits only: no arrival on the pipeline)
+      const int stage = rd.index();
+      const uint32_t so = uint32_t(stage) * stage_bytes;
+      CUTLASS_PRAGMA_UNROLL
+      for (int b0 = 0; b0 < kChunks; b0 += kBatch) {
+        uint4 v[kBatch];
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < kBatch; ++i) {
+          const int c = b0 + i;
+          const uint32_t addr = line[c / 8] + so + ((uint32_t(c + lane) & 7u) << 4);
+          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(v[i].x), "=r"(v[i].y), "=r"(v[i].z), "=r"(v[i].w)
+                       : "r"(addr));
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < kBatch; ++i) {
+          float f[8];
+          frms::unpack8<Vec>(v[i], f);
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < 8; ++j) ss[j] = fmaf(f[j], f[j], ss[j]);
+        }
+      }
+      __syncwarp();
+      // after the warp's reads (release): every CTA's TMA producer that writes into this stage waits on it
+      // before refilling it. Lane r signals CTA r of the cluster.
+      cutlass::arch::ClusterBarrier::arrive(&sm.stage_read[stage], uint32_t(lane), lane < kClusterCtas);
+      ++rd;
+    }
+    float t = ((ss[0] + ss[1]) + (ss[2] + ss[3])) + ((ss[4] + ss[5]) + (ss[6] + ss[7]));
+    CUTLASS_PRAGMA_UNROLL
+    for (int o = 1; o < kTokLanes; o *= 2) t += __shfl_xor_sync(0xffffffff, t, o);
+    if (part == 0) sm.rstd[tok] = rsqrtf(t / params.k + params.eps);
+    __syncwarp();
+    if (lane == 0) cutlass::arch::ClusterBarrier::arrive(&sm.ready);
+  }
+
+  // TMA warp: as CUTLASS's, except that a stage holding first-tile x is refilled only after the aux warps
+  // of the cluster's CTAs (which all receive this CTA's multicast half of x) have read it. (Issuing those
+  // k-tiles through one CUTLASS load() call each measured 2.2 us slower at M16 4096^2: its setup per call.)
+  template <class TensorA, class TensorB, class KTileIterator, class BlockCoord>
+  CUTLASS_DEVICE void load(Params const& params, MainloopPipeline pipeline, PipelineState smem_pipe_write,
+                           cute::tuple<TensorA, TensorB> const& load_inputs, BlockCoord const& blk_coord,
+                           KTileIterator k_tile_iter, int k_tile_count, int thread_idx,
+                           uint32_t block_rank_in_cluster, TensorStorage& shared_tensors) {
+    const int first = int(smem_pipe_write.count());  // k-tiles this CTA has issued before this tile
+    if (first >= k_tile_count + kStages) {  // no stage of this tile's loads holds first-tile x
+      Base::load(params, pipeline, smem_pipe_write, load_inputs, blk_coord, k_tile_iter, k_tile_count, thread_idx,
+                 block_rank_in_cluster, shared_tensors);
+      return;
+    }
+    // CUTLASS's load loop (sm90_mma_tma_gmma_ss_warpspecialized.hpp) with the wait added: one elected lane
+    // issues the TMA copies
+    if (!cute::elect_one_sync()) return;
+    SelfRstdSmem& sm = self_rstd_smem();
+    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), typename Base::SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});
+    constexpr uint32_t cx = size<0>(ClusterShape{});
+    const uint2 cid = {block_rank_in_cluster % cx, block_rank_in_cluster / cx};
+    auto block_tma_a = params.tma_load_a.get_slice(cid.y);
+    auto block_tma_b = params.tma_load_b.get_slice(cid.x);
+    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
+    Tensor tAgA = block_tma_a.partition_S(get<0>(load_inputs)(_, _, m_coord, _, l_coord));  // (TMA,TMA_M,TMA_K,k)
+    Tensor tAsA = block_tma_a.partition_D(sA);                                               // (TMA,TMA_M,TMA_K,PIPE)
+    Tensor tBgB = block_tma_b.partition_S(get<1>(load_inputs)(_, _, n_coord, _, l_coord));
+    Tensor tBsB = block_tma_b.partition_D(sB);
+    uint16_t mcast_a = 0, mcast_b = 0;
+    auto block_layout = Layout<ClusterShape>{};  // (m, n) -> block id
+    if constexpr (cute::is_same_v<typename Base::GmemTiledCopyA, SM90_TMA_LOAD_MULTICAST>) {
+      for (int n = 0; n < size<1>(block_layout); ++n) mcast_a |= uint16_t(1) << block_layout(cid.x, n, Int<0>{});
+    }
+    if constexpr (cute::is_same_v<typename Base::GmemTiledCopyB, SM90_TMA_LOAD_MULTICAST>) {
+      for (int m = 0; m < size<0>(block_layout); ++m) mcast_b |= uint16_t(1) << block_layout(m, cid.y, Int<0>{});
+    }
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int kt = 0; kt < k_tile_count; ++kt) {
+      const int i = first + kt - kStages;  // the k-tile whose stage this one overwrites
+      if (i >= 0 && i < k_tile_count)      // first-tile x: the cluster's aux warps must have read it
+        cutlass::arch::ClusterBarrier::wait(&sm.stage_read[i % kStages], (i / kStages) & 1);
+      pipeline.producer_acquire(smem_pipe_write);
+      auto* bar = pipeline.producer_get_barrier(smem_pipe_write);
+      const int st = smem_pipe_write.index();
+      copy(params.tma_load_a.with(*bar, mcast_a), tAgA(_, _, _, *k_tile_iter), tAsA(_, _, _, st));
+      copy(params.tma_load_b.with(*bar, mcast_b), tBgB(_, _, _, *k_tile_iter), tBsB(_, _, _, st));
+      ++k_tile_iter;
+      ++smem_pipe_write;
+    }
+  }
+
+  // The kernel calls this from the aux warp too (a producer in CUTLASS's block-scaled GEMMs); ours only
+  // reads, so only the TMA warp drains the pipeline.
+  CUTLASS_DEVICE void load_tail(MainloopPipeline pipeline, PipelineState smem_pipe_write) {
+    if (cutlass::canonical_warp_idx_sync() % cutlass::NumWarpsPerWarpGroup == 3) return;
+    Base::load_tail(pipeline, smem_pipe_write);
+  }
+
+  template <class FrgTensorC>
+  CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read, FrgTensorC& accum,
+                          int k_tile_count, int thread_idx, TensorStorage& shared_tensors, Params const& params) {
+    static_assert(decltype(size(accum))::value == kAcc);
+    Base::mma(pipeline, smem_pipe_read, accum, k_tile_count, thread_idx, shared_tensors, params);
+    if (!have_rstd_) {
+      cutlass::arch::ClusterBarrier::wait(&self_rstd_smem().ready, 0);
+      // column n of the warpgroup's accumulator tile is token n
+      TiledMma tiled_mma;
+      Tensor tCcC = tiled_mma.get_thread_slice(thread_idx % kThreads)
+                        .partition_C(make_identity_tensor(take<0, 2>(typename Base::TileShape{})));
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kAcc; ++i) rs_[i] = self_rstd_smem().rstd[get<1>(tCcC(i))];
+      have_rstd_ = true;
+    }
+    warpgroup_wait<0>();  // the accumulators are final (mma_tail's own wait is then a no-op)
+    warpgroup_fence_operand(accum);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kAcc; ++i) accum(i) *= rs_[i];
+    warpgroup_fence_operand(accum);
+  }
+};
+
 template <typename T>
 struct GemmDef {
   // Unswapped: A = x (M, K) row-major, B = W' (N, K) == column-major (K, N), D (M, N) row-major.
@@ -136,19 +392,23 @@ struct GemmDef {
   using Scaled = cutlass::epilogue::fusion::Sm90EVT<
       cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, float, float, kRound>,
       cutlass::epilogue::fusion::Sm90AccFetch, RowScale>;
+  // self rstd: the accumulators arrive scaled, the epilogue only adds the bias
   using Fusion = cutlass::epilogue::fusion::Sm90EVT<
-      cutlass::epilogue::fusion::Sm90Compute<cutlass::plus, T, float, kRound>, Scaled, Bias>;
+      cutlass::epilogue::fusion::Sm90Compute<cutlass::plus, T, float, kRound>,
+      std::conditional_t<kSelfRstd, cutlass::epilogue::fusion::Sm90AccFetch, Scaled>, Bias>;
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlign, T, LayoutD, kAlign,
       EpiSchedule, Fusion>::CollectiveOp;
 
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using BaseMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, LayoutA, kAlign, T, LayoutB, kAlign, float, TileShape,
       ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage)) +
+                                                        (kSelfRstd ? int(sizeof(SelfRstdSmem)) : 0)>,
       KernelSchedule>::CollectiveOp;
+  using Mainloop = std::conditional_t<kSelfRstd, SelfRstdMainloop<BaseMainloop, T>, BaseMainloop>;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, TileSched>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -200,18 +460,28 @@ int run(const FrmsSm90Args& p, size_t* workspace_size_out) {
   }
   const StrideC sc = sd;  // C is void: its stride only has to be well-formed
 
-  typename Gemm::Arguments args{
-      cutlass::gemm::GemmUniversalMode::kGemm,
-      {int(GM), int(GN), int(K), 1},
-      {pa, sa, pb, sb},
-      {{}, nullptr, sc, static_cast<T*>(p.d), sd}};
+  typename Gemm::GemmKernel::MainloopArguments mainloop{};
+  mainloop.ptr_A = pa;
+  mainloop.dA = sa;
+  mainloop.ptr_B = pb;
+  mainloop.dB = sb;
+  if constexpr (kSelfRstd) mainloop.eps = p.eps;
+  typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
+                                {int(GM), int(GN), int(K), 1},
+                                mainloop,
+                                {{}, nullptr, sc, static_cast<T*>(p.d), sd}};
   // EVT argument tree: {Scaled{Acc{}, RowScale{ptr, default, stride}, mul{}}, Bias{ptr, default, stride}, plus{}}
+  // (self rstd: {Acc{}, Bias{...}, plus{}})
   using RowScaleStride = typename Def::RowScale::StrideMNL;
   using BiasStride = typename Def::Bias::StrideMNL;
-  args.epilogue.thread = {
-      {{}, {p.rstd, 0.f, RowScaleStride{}}, {}},
-      {static_cast<const T*>(p.bias), T(0), BiasStride{}},
-      {}};
+  if constexpr (kSelfRstd) {
+    args.epilogue.thread = {{}, {static_cast<const T*>(p.bias), T(0), BiasStride{}}, {}};
+  } else {
+    args.epilogue.thread = {
+        {{}, {p.rstd, 0.f, RowScaleStride{}}, {}},
+        {static_cast<const T*>(p.bias), T(0), BiasStride{}},
+        {}};
+  }
   args.hw_info.sm_count = sm_count_cached();
   if (args.hw_info.sm_count <= 0) return int(cudaErrorNoDevice);  // the schedulers divide by it
   using Raster = decltype(args.scheduler.raster_order);
@@ -230,6 +500,9 @@ int run(const FrmsSm90Args& p, size_t* workspace_size_out) {
     *workspace_size_out = need;
     return 0;
   }
+  // launch-only arguments (a workspace query passes neither). Self rstd reads x before any grid-dependency
+  // wait, so it is never a PDL secondary.
+  if (kSelfRstd ? !(p.eps > 0.f) || p.pdl || M > size<1>(TileShape{}) : p.rstd == nullptr) return FRMS_ERR_BAD_ARG;
   Gemm gemm;
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return FRMS_ERR_BAD_ARG;
   // The data-parallel configs need none; stream-K takes the caller's (torch-allocated) buffer rather
@@ -262,10 +535,10 @@ extern "C" int FRMS_ENTRY(const FrmsSm90Args* p, size_t* workspace_size_out) {
 }
 
 #ifdef FRMS_SM90_LIGHT
-// CI compile check (--light): one tile config per family (0..6 plain, 7..10 swap-AB) is compiled for real,
-// and each unit defines the family's other entry points as forwarders to it, so the module links and
-// every template path is still compiled once.
-#define FRMS_FAMILY(c) ((c) <= 6 ? 0 : 1)
+// CI compile check (--light): one tile config per family (0..6 plain, 7..10 swap-AB, 11 swap-AB with
+// self rstd) is compiled for real, and each unit defines the family's other entry points as forwarders
+// to it, so the module links and every template path is still compiled once.
+#define FRMS_FAMILY(c) ((c) <= 6 ? 0 : (c) <= 10 ? 1 : 2)
 #define FRMS_FWD_OK(c) (FRMS_SM90_CFG != (c) && FRMS_FAMILY(c) == FRMS_FAMILY(FRMS_SM90_CFG))
 #define FRMS_FORWARD(name) \
   extern "C" int name(const FrmsSm90Args* p, size_t* ws) { return FRMS_ENTRY(p, ws); }
@@ -301,5 +574,8 @@ FRMS_FORWARD(frms_gemm_sm90_cfg9)
 #endif
 #if FRMS_FWD_OK(10)
 FRMS_FORWARD(frms_gemm_sm90_cfg10)
+#endif
+#if FRMS_FWD_OK(11)
+FRMS_FORWARD(frms_gemm_sm90_cfg11)
 #endif
 #endif

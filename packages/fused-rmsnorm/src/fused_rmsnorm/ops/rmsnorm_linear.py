@@ -123,7 +123,12 @@ RSTD_SIDE = True
 RSTD_SIDE_MIN = 2
 RSTD_SIDE_WORK = 12000
 _SM90_TILE_NO_CLUSTER = {1: (128, 128), 2: (64, 128)}  # csrc/gemm_sm90.cu configs without clusters, not stream-K
-SM90_SWAP_CONFIGS = (7, 8, 9, 10)  # csrc/gemm_sm90.cu: W rows x tokens tiles (decode)
+SM90_SWAP_CONFIGS = (7, 8, 9, 10, 11)  # csrc/gemm_sm90.cu: W rows x tokens tiles (decode)
+# Config 11 is 7 computing rstd from x itself (csrc/gemm_sm90.cu SelfRstdMainloop: one launch, no rstd
+# kernel, no PDL). That needs the GEMM's x operand to be x itself, i.e. g folded into W' (the modules); a
+# functional call, whose operand is x * g, and more tokens than its 16-token tile run the twin instead.
+SM90_SELF_RSTD_TWIN = {11: 7}  # csrc/frms.h FRMS_SM90_IS_SELF_RSTD
+SM90_SELF_RSTD_TOKENS = {11: 16}  # one token tile (the kernel refuses more)
 
 
 def rstd_side_ctas(cfg: int, M: int, N: int, sms: int) -> int:
@@ -158,7 +163,7 @@ def mma_variant_args(cfg: dict) -> tuple[int, int, int]:
     return steps, _LDPOLICY[pol], int(wload)
 
 
-SM90_NUM_CONFIGS = 11  # csrc/frms.h FRMS_SM90_NUM_CONFIGS
+SM90_NUM_CONFIGS = 12  # csrc/frms.h FRMS_SM90_NUM_CONFIGS
 SM90_STREAM_K_CONFIGS = (6,)  # csrc/frms.h FRMS_SM90_STREAM_K_CONFIG: the config that takes splits / a workspace
 
 
@@ -298,23 +303,27 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
         return out.reshape(*lead, N)
     a, wf = _gemm_operands(x2, w_norm, w_lin, w_folded)
     wf = _as_2d_rows(wf, "w_folded")
-    rstd = torch.empty(M, dtype=torch.float32, device=x.device)
+    cfg = int(p.get("config", 0)) if p["path"] == "gemm" else -1
+    if cfg in SM90_SELF_RSTD_TWIN and (cap[0] != 9 or a is not x2 or M > SM90_SELF_RSTD_TOKENS[cfg]):
+        cfg = SM90_SELF_RSTD_TWIN[cfg]
+    self_rstd = cap[0] == 9 and cfg in SM90_SELF_RSTD_TWIN
+    rstd = torch.empty(0 if self_rstd else M, dtype=torch.float32, device=x.device)
     # Hopper PDL GEMM with idle SMs: rstd on exactly those SMs (csrc/rstd.cu rstd_side_kernel). Only when
     # the GEMM's A is x itself: after the per-call x * g of a functional call it made the call slower
     # (H200, session 10: B512 D4096 N4096 48.9 vs 37.8 us, B256 29.5 vs 23.6; not profiled).
     side = 0
-    if p["path"] == "gemm" and cap[0] == 9 and bool(p.get("pdl", True)) and a is x2:
-        side = rstd_side_ctas(int(p.get("config", 0)), M, N, num_sms(x.device))
-    mod.rstd(dt, x2.data_ptr(), _ld(x2), rstd.data_ptr(), M, D, float(eps), stream, side)
+    if p["path"] == "gemm" and cap[0] == 9 and bool(p.get("pdl", True)) and a is x2 and not self_rstd:
+        side = rstd_side_ctas(cfg, M, N, num_sms(x.device))
+    if not self_rstd:
+        mod.rstd(dt, x2.data_ptr(), _ld(x2), rstd.data_ptr(), M, D, float(eps), stream, side)
     if p["path"] == "gemm":
-        cfg = int(p.get("config", 0))
         if cap[0] == 9:
             knobs = sm90_knob_args(p)
             wsp, wsn, _ws = _sm90_workspace(mod, dt, cfg, M, N, D, knobs, x.device)
             mod.gemm_sm90(
                 dt, cfg, a.data_ptr(), _ld(a), wf.data_ptr(), _ld(wf), rstd.data_ptr(), bptr,
-                out.data_ptr(), out.stride(0), M, N, D, bool(p.get("pdl", True)), stream,
-                *knobs, wsp, wsn,
+                out.data_ptr(), out.stride(0), M, N, D, bool(p.get("pdl", True)) and not self_rstd, stream,
+                *knobs, wsp, wsn, float(eps),
             )  # fmt: skip
         else:
             mod.gemm_sm80(
