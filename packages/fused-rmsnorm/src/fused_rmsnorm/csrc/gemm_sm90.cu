@@ -130,11 +130,13 @@ struct AfterGridDependency : Base {
 // loop (34.1 us), and a consumer warpgroup reading all of x from L2 before its first K loop (33.4 vs 32.0:
 // 132 CTAs x 128 KB of extra L2 traffic). Here the sums are made by the producer warpgroup's fourth warp,
 // idle in CUTLASS's schedule, which CUTLASS runs as its "auxiliary load" warp when the mainloop's dispatch
-// policy asks for one (SelfRstdPolicy): it reads each stage's x tile (the GEMM's B, 16 or 32 tokens x BK)
+// policy asks for one (SelfRstdPolicy): it reads each stage's x tile (the GEMM's B, 16 tokens x BK)
 // from shared memory once it has landed, during the CTA's first tile only (x, one token tile, is the same
 // for every tile). A TMA producer may not refill a stage of that first tile before the aux warps of the
-// cluster have read it (an mbarrier per stage; x is multicast), which should cost little while the ring
-// is deeper than HBM latency needs.
+// cluster have read it (an mbarrier per stage; x is multicast). H200, session 12: M16 D4096 N14336 30.8 us
+// against 32.2 for config 7 after the rstd kernel; where a CTA has a single W tile (D8192 N8192, 4096^2)
+// the aux warp's lag at the end of the tile cost about what the rstd launch did, so only N14336 uses it.
+// A 32-token form (64x32 tiles) was slower than config 8 everywhere.
 // The aux warp publishes rstd through a second mbarrier; each consumer warpgroup scales its accumulator
 // columns (tokens) after the K loop, and the epilogue only adds the bias.
 template <class BasePolicy>
