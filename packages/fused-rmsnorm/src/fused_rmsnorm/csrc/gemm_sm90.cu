@@ -135,7 +135,8 @@ struct AfterGridDependency : Base {
 // for every tile). A TMA producer may not refill a stage of that first tile before the aux warps of the
 // cluster have read it (an mbarrier per stage; x is multicast). H200, session 12: M16 D4096 N14336 30.8 us
 // against 32.2 for config 7 after the rstd kernel; where a CTA has a single W tile (D8192 N8192, 4096^2)
-// the aux warp's lag at the end of the tile cost about what the rstd launch did, so only N14336 uses it.
+// it lost about what the rstd launch cost (not profiled; likely the epilogue waiting for the aux warp's last
+// stages, which a second tile hides), so only N14336 uses it.
 // A 32-token form (64x32 tiles) was slower than config 8 everywhere.
 // The aux warp publishes rstd through a second mbarrier; each consumer warpgroup scales its accumulator
 // columns (tokens) after the K loop, and the epilogue only adds the bias.
