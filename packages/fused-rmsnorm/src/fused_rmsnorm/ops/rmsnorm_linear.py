@@ -307,7 +307,9 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
     if cfg in SM90_SELF_RSTD_TWIN and (cap[0] != 9 or a is not x2 or M > SM90_SELF_RSTD_TOKENS[cfg]):
         cfg = SM90_SELF_RSTD_TWIN[cfg]
     self_rstd = cap[0] == 9 and cfg in SM90_SELF_RSTD_TWIN
-    rstd = torch.empty(0 if self_rstd else M, dtype=torch.float32, device=x.device)
+    # self rstd: no rstd buffer (the kernel ignores the pointer), so no allocation on the decode hot path
+    rstd = None if self_rstd else torch.empty(M, dtype=torch.float32, device=x.device)
+    rstd_ptr = 0 if rstd is None else rstd.data_ptr()
     # Hopper PDL GEMM with idle SMs: rstd on exactly those SMs (csrc/rstd.cu rstd_side_kernel). Only when
     # the GEMM's A is x itself: after the per-call x * g of a functional call it made the call slower
     # (H200, session 10: B512 D4096 N4096 48.9 vs 37.8 us, B256 29.5 vs 23.6; not profiled).
@@ -321,7 +323,7 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
             knobs = sm90_knob_args(p)
             wsp, wsn, _ws = _sm90_workspace(mod, dt, cfg, M, N, D, knobs, x.device)
             mod.gemm_sm90(
-                dt, cfg, a.data_ptr(), _ld(a), wf.data_ptr(), _ld(wf), rstd.data_ptr(), bptr,
+                dt, cfg, a.data_ptr(), _ld(a), wf.data_ptr(), _ld(wf), rstd_ptr, bptr,
                 out.data_ptr(), out.stride(0), M, N, D, bool(p.get("pdl", True)) and not self_rstd, stream,
                 *knobs, wsp, wsn, float(eps),
             )  # fmt: skip
