@@ -105,6 +105,13 @@ def compile_for(arch: int) -> None:
     def div16(fn, names):
         return {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in names}
 
+    def with_defaults(fn, consts):
+        """consts plus every other constexpr parameter's default (ASTSource does not apply defaults)."""
+        import inspect
+
+        empty = inspect.Parameter.empty
+        return {p.name: p.default for p in fn.params if p.is_constexpr and p.default is not empty} | consts
+
     fn = G._int8_gemm_kernel
     types = ["*i8", "*i8", "*fp16", "*i32", "*i32", "*fp32", "*fp32", "*fp32"] + ["i32"] * 11
     for label, M, N, K, _ in CASES:
@@ -126,6 +133,7 @@ def compile_for(arch: int) -> None:
             SPLIT_K=split,
             FUSED_REDUCE=split > 1,
         )
+        consts = with_defaults(fn, consts)
         sig = dict(zip(fn.arg_names, types)) | {k: "constexpr" for k in consts}
         # What the JIT would specialise for 16-aligned pointers, sizes and strides.
         attrs = div16(fn, ["a_ptr", "b_ptr", "c_ptr", "ws_ptr", "cnt_ptr", "sa_ptr", "sb_ptr", "M", "N", "K"])
@@ -141,6 +149,7 @@ def compile_for(arch: int) -> None:
         tsig = dict(zip(tf.arg_names, [f"tensordesc<i8[{bm}, {bk}]>", f"tensordesc<i8[{bn}, {bk}]>"]))
         tsig |= dict(zip(tf.arg_names[2:14], ["*fp16", "*fp32", "*fp32", "*fp32"] + ["i32"] * 8))
         tconsts = dict(HAS_BIAS=False, OUT_INT32=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8)
+        tconsts = with_defaults(tf, tconsts)
         tsig |= {k: "constexpr" for k in tconsts}
         tattrs = div16(tf, ["c_ptr", "sa_ptr", "sb_ptr", "M", "N", "K", "stride_cm"])
         k = triton.compile(
@@ -151,7 +160,7 @@ def compile_for(arch: int) -> None:
         print(_line("_int8_gemm_tma_kernel", f"[large, TMA persistent] {bm}x{bn}x{bk} w8 s3", k.asm["cubin"]))
     qf = Q._quantize_rows_kernel
     qsig = dict(zip(qf.arg_names, ["*bf16", "*i8", "*fp32", "i32", "i32", "i32", "i32", "i32"]))
-    qconsts = dict(MIN_AMAX=Q.MIN_ABSMAX, BLOCK_R=1, BLOCK_K=4096, ONE_PASS=True, X_K_CONTIG=True)
+    qconsts = with_defaults(qf, dict(MIN_AMAX=Q.MIN_ABSMAX, BLOCK_R=1, BLOCK_K=4096, ONE_PASS=True, X_K_CONTIG=True))
     qsig |= {k: "constexpr" for k in qconsts}
     k = triton.compile(
         ASTSource(fn=qf, signature=qsig, constexprs=qconsts, attrs=div16(qf, ["x_ptr", "q_ptr", "s_ptr", "K"])),
