@@ -1,8 +1,9 @@
 """H200 probe: the SM90 (Gluon, warp-specialized) attention forward vs the portable kernel, cuDNN and FA2.
 
-    python scripts/probe_flash_fwd_sm90.py OUTDIR [--budget 180] [--check full|new|none] [--causal-only]
+    python scripts/probe_flash_fwd_sm90.py OUTDIR [--budget 180] [--check full|new|none] [--causal-only | --full-only]
                                               [--only V1+V2] [--skip V3+V4] [--n 1024,2048] [--dims 64]
-                                              [--overlay SM90_KEY=V[+KEY2=V2]]...
+                                              [--overlay SM90_KEY=V[+KEY2=V2]]... [--old-module PATH]
+                                              [--rounds R] [--no-portable]
 
 (1) Correctness of every SM90 variant on odd shapes (ragged N, Nq != Nk both ways with bottom-right causal,
 GQA, a (B, N, H, D) view, single rows), bf16 and fp16, outputs poisoned with NaN first: rel err of out and
@@ -58,16 +59,25 @@ VARIANTS = {  # name -> SM90 config keys (C3 = three consumer warpgroups, np = o
     # causal: 64-key tiles halve the masked work on the diagonal (deeper rings fit)
     "np64s6": dict(SM90=1, SM90_BLOCK_N=64, SM90_STAGES=6, SM90_PERSIST=0),
     "np64s6g8": dict(SM90=1, SM90_BLOCK_N=64, SM90_STAGES=6, SM90_PERSIST=0, SM90_LPT=8),
+    # session 14: three consumers for causal D64 (the masked step no longer spills at 160 registers) and two
+    # Q buffers (q2: the next tile's Q is loaded while this tile runs; D64 only, shared memory)
+    "p3c128s4g8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_CONS=3, SM90_LPT=8),
+    "np3c128s4g8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_CONS=3, SM90_PERSIST=0, SM90_LPT=8),
+    "p128s4q2": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_Q2=1),
+    "p3c128s4q2": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_CONS=3, SM90_Q2=1),
+    "p128s4q2g8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_Q2=1, SM90_LPT=8),
+    "p3c128s4q2g8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_CONS=3, SM90_Q2=1, SM90_LPT=8),
 }
 DIMS = {"p3c64s4": (128,), "p128s4": (64,), "np128s4": (64,), "p3c128s4": (64,)}  # D128: shared memory
 DIMS.update({n: (64,) for n in ("np128s4g8", "np128s4g32", "p128s4pp", "p3c128s4pp", "np128s4ppg8")})
+DIMS.update({n: (64,) for n in ("p3c128s4g8", "np3c128s4g8", "p128s4q2", "p3c128s4q2", "p128s4q2g8", "p3c128s4q2g8")})
 CAUSAL_ONLY = {n for n, c in VARIANTS.items() if c.get("SM90_LPT")} | {"np64s6"}  # LPT: causal tiles only
 # --check new: the variants added last. Session 7 (2026-12-01) also probed a consumer that software-pipelines
 # tiles across their boundary (next tile's S(0) issued behind the last P V, optional second Q buffer): its best
 # variant 1-14% slower than the shipped tables at N 1k-4k, and wrong on a ragged shape; not kept (see
 # benchmarks/results/probes/h200-probe_fwd_sm90-xt.json and the .patch beside it), nor was the polynomial
 # exp2 measured with --overlay SM90_EXP_POLY=n (h200-probe_fwd_sm90-exppoly.*).
-NEW = {"np64s6", "np64s6g8"}
+NEW = {"p3c128s4g8", "np3c128s4g8", "p128s4q2", "p3c128s4q2", "p128s4q2g8", "p3c128s4q2g8"}
 # (B, H, Hkv, Nq, Nk, bnhd): ragged, Nq < Nk, Nq > Nk (rows with no key when causal), GQA, BNHD view, tiny
 CHECK_SHAPES = [
     (1, 3, 3, 77, 300, False),
@@ -141,6 +151,7 @@ def main() -> None:
         help="none: time only (variants checked before); new: check only the variants in NEW",
     )
     ap.add_argument("--causal-only", action="store_true", help="time the causal buckets only")
+    ap.add_argument("--full-only", action="store_true", help="time the non-causal buckets only")
     ap.add_argument("--skip", default="", help="variant names not to time, separated by commas or +")
     ap.add_argument("--only", default="", help="time (and check) only these variants, separated by commas or +")
     ap.add_argument("--n", default="16384,4096,1024,8192,2048", help="sequence lengths to time, in order")
@@ -151,12 +162,26 @@ def main() -> None:
         help="also time the shipped config with these keys set, e.g. SM90_EXP_POLY=4 (repeatable; + joins keys)",
     )
     ap.add_argument("--dims", default="128,64", help="head dims to time")
+    ap.add_argument("--rounds", type=int, default=1, help="time every variant this many times round-robin")
+    ap.add_argument("--no-portable", action="store_true", help="do not time the portable kernel")
+    ap.add_argument(
+        "--old-module",
+        default="",
+        help="path of an earlier _fwd_sm90.py (e.g. from git show): also time the shipped config through it",
+    )
     args = ap.parse_args()
     skip = set(filter(None, args.skip.replace("+", ",").split(",")))
     only = set(filter(None, args.only.replace("+", ",").split(",")))
     if only:
         skip |= set(VARIANTS) - only
     n_list = [int(n) for n in args.n.split(",")]
+    old = None
+    if args.old_module:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("flashattn_triton.ops._fwd_sm90_old", args.old_module)
+        old = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(old)
     dims = [int(d) for d in args.dims.split(",")]
     overlays = {f"shipped+{o}": {kv.split("=")[0]: int(kv.split("=")[1]) for kv in o.split("+")} for o in args.overlay}
     out_dir = Path(args.outdir)
@@ -187,7 +212,7 @@ def main() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     for D in dims:
-        for causal in (True,) if args.causal_only else (False, True):
+        for causal in (True,) if args.causal_only else (False,) if args.full_only else (False, True):
             for N in n_list:
                 if not budget.ok(6):
                     res["skipped"].append(f"D{D} N{N} causal={causal}")
@@ -197,24 +222,47 @@ def main() -> None:
                 scale = D**-0.5
                 shipped = F.get_config("fwd", dev, D, causal, N, torch.bfloat16)
                 row = dict(D=D, N=N, causal=causal, B=B, H=H, shipped=shipped, ms={})
+                fns = {}  # name -> call; timed round-robin --rounds times, median kept (the clocks drift)
                 for an, be in (("cudnn", SDPBackend.CUDNN_ATTENTION),):  # FA2: the benchmark suite
-                    try:
+
+                    def sd(be=be):
                         with sdpa_kernel(be):
-                            sd = lambda: Fn.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: B023
-                            row["ms"][an] = time_ms(sd)  # noqa: B023
+                            return Fn.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: B023
+
+                    try:
+                        sd()
+                        fns[an] = sd
                     except RuntimeError as e:
                         res["skipped"].append(f"{an} D{D} N{N}: {str(e)[:80]}")
                 base = {kk: vv for kk, vv in shipped.items() if not kk.startswith("SM90")}
-                row["ms"]["portable"] = time_ms(lambda: run(base, q, k, v, causal, scale))  # noqa: B023
-                row["ms"]["shipped"] = time_ms(lambda: run(shipped, q, k, v, causal, scale))  # noqa: B023
+                if not args.no_portable:
+                    fns["portable"] = lambda: run(base, q, k, v, causal, scale)  # noqa: B023
+                fns["shipped"] = lambda: run(shipped, q, k, v, causal, scale)  # noqa: B023
+                if old is not None:
+
+                    def through_old():
+                        F._fwd_sm90 = old
+                        try:
+                            return run(shipped, q, k, v, causal, scale)  # noqa: B023
+                        finally:
+                            F._fwd_sm90 = S
+
+                    fns["shipped@old"] = through_old
                 for oname, over in overlays.items():
-                    row["ms"][oname] = time_ms(lambda o=over: run(dict(shipped, **o), q, k, v, causal, scale))  # noqa: B023
+                    fns[oname] = lambda o=over: run(dict(shipped, **o), q, k, v, causal, scale)  # noqa: B023
                 for name, over in VARIANTS.items():
                     if (name in CAUSAL_ONLY and not causal) or name in skip:
                         continue
                     checked_before = args.check == "none" or (args.check == "new" and name not in NEW)
                     if D in DIMS.get(name, (64, 128)) and ok.get((D, name), checked_before):
-                        row["ms"][name] = time_ms(lambda o=over: run(dict(base, **o), q, k, v, causal, scale))  # noqa: B023
+                        fns[name] = lambda o=over: run(dict(base, **o), q, k, v, causal, scale)  # noqa: B023
+                samples = {n: [] for n in fns}
+                for _ in range(args.rounds):
+                    for n, fn in fns.items():
+                        samples[n].append(time_ms(fn))
+                row["ms"] = {n: sorted(t)[len(t) // 2] for n, t in samples.items()}
+                if args.rounds > 1:
+                    row["samples_ms"] = samples
                 flops = 4 * B * H * N * N * D * (0.5 if causal else 1.0)
                 row["tflops"] = {n: flops / (ms * 1e-3) / 1e12 for n, ms in row["ms"].items()}
                 res["fwd"].append(row)
@@ -232,7 +280,7 @@ def main() -> None:
         gm = {n: math.exp(sum(math.log(r["ms"][n]) for r in rows) / len(rows)) for n in names}
         best = min(gm, key=gm.get)
         picks[f"D{D}-{'causal' if causal else 'full'}-{bk}"] = dict(best=best, geomean_ms=gm)
-        if best != "portable" and gm[best] >= 0.99 * gm["portable"]:
+        if best != "portable" and "portable" in gm and gm[best] >= 0.99 * gm["portable"]:
             best = "portable"  # within noise: keep the portable kernel
         # every timed bucket gets an entry, so a bucket where the portable kernel wins drops the SM90 keys
         base = {kk: vv for kk, vv in rows[0]["shipped"].items() if not kk.startswith("SM90")}
