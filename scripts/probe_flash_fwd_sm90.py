@@ -67,6 +67,11 @@ VARIANTS = {  # name -> SM90 config keys (C3 = three consumer warpgroups, np = o
     "p3c128s4q2": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_CONS=3, SM90_Q2=1),
     "p128s4q2g8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_Q2=1, SM90_LPT=8),
     "p3c128s4q2g8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_CONS=3, SM90_Q2=1, SM90_LPT=8),
+    # D128: a 2-deep K ring (K is freed right after its QK^T) makes room for the second Q buffer
+    "p128k2s3": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_KSTAGES=2),
+    "p128k2s4": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_KSTAGES=2),
+    "p128k2s3q2": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_KSTAGES=2, SM90_Q2=1),
+    "p128k2s3q2g8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_KSTAGES=2, SM90_Q2=1, SM90_LPT=8),
 }
 DIMS = {"p3c64s4": (128,), "p128s4": (64,), "np128s4": (64,), "p3c128s4": (64,)}  # D128: shared memory
 DIMS.update({n: (64,) for n in ("np128s4g8", "np128s4g32", "p128s4pp", "p3c128s4pp", "np128s4ppg8")})
@@ -77,7 +82,7 @@ CAUSAL_ONLY = {n for n, c in VARIANTS.items() if c.get("SM90_LPT")} | {"np64s6"}
 # variant 1-14% slower than the shipped tables at N 1k-4k, and wrong on a ragged shape; not kept (see
 # benchmarks/results/probes/h200-probe_fwd_sm90-xt.json and the .patch beside it), nor was the polynomial
 # exp2 measured with --overlay SM90_EXP_POLY=n (h200-probe_fwd_sm90-exppoly.*).
-NEW = {"p3c128s4g8", "np3c128s4g8", "p128s4q2", "p3c128s4q2", "p128s4q2g8", "p3c128s4q2g8"}
+NEW = {"p128k2s3", "p128k2s4", "p128k2s3q2", "p128k2s3q2g8"}
 # (B, H, Hkv, Nq, Nk, bnhd): ragged, Nq < Nk, Nq > Nk (rows with no key when causal), GQA, BNHD view, tiny
 CHECK_SHAPES = [
     (1, 3, 3, 77, 300, False),
@@ -195,7 +200,7 @@ def main() -> None:
     )
     dev = torch.device("cuda")
     ok = {}
-    for D in (128, 64) if args.check != "none" else ():
+    for D in [d for d in (128, 64) if d in dims] if args.check != "none" else ():  # only the dims timed
         for dt in (torch.bfloat16,):  # fp16: the GPU tests
             for name, cfg in VARIANTS.items():
                 if D not in DIMS.get(name, (64, 128)) or (args.check == "new" and name not in NEW) or name in skip:

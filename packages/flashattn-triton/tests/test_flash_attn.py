@@ -596,14 +596,23 @@ def test_gpu_sm90_forward_pingpong_lpt(B, H, Hkv, nq, nk, bnhd, D, cons, persist
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "cons,lpt,dtype", [(2, 0, torch.bfloat16), (3, 0, torch.float16), (2, 8, torch.bfloat16), (3, 8, torch.bfloat16)]
+    "D,cons,lpt,dtype,stages,kst",
+    [
+        (64, 2, 0, torch.bfloat16, 4, 4),
+        (64, 3, 0, torch.float16, 4, 4),
+        (64, 2, 8, torch.bfloat16, 4, 4),
+        (64, 3, 8, torch.bfloat16, 4, 4),
+        (128, 2, 0, torch.bfloat16, 3, 2),
+        (128, 2, 8, torch.float16, 3, 2),
+    ],
 )
 @pytest.mark.parametrize("B,H,Hkv,nq,nk,bnhd", [(4, 16, 4, 1000, 1000, False), *_SM90_SHAPES[1:]])
-def test_gpu_sm90_forward_two_q_buffers(B, H, Hkv, nq, nk, bnhd, cons, lpt, dtype):
-    """SM90_Q2 (D64): the next tile's Q lands in the other buffer while this tile runs. At B=4, N=1000 each
-    persistent CTA runs 3-4 tiles (384 or 512 on 132 SMs), so a buffer is refilled and its barrier phase wraps."""
-    cfg = dict(SM90_BLOCK_N=128, SM90_STAGES=4, SM90_CONS=cons, SM90_Q2=1, SM90_LPT=lpt)
-    _check_sm90(B, H, Hkv, nq, nk, bnhd, 64, dtype, cfg)
+def test_gpu_sm90_forward_two_q_buffers(B, H, Hkv, nq, nk, bnhd, D, cons, lpt, dtype, stages, kst):
+    """SM90_Q2: the next tile's Q lands in the other buffer while this tile runs (D128: with a 2-deep K
+    ring, SM90_KSTAGES). At B=4, N=1000 each persistent CTA runs 3-4 tiles (384 or 512 on 132 SMs), so a
+    buffer is refilled and its barrier phase wraps."""
+    cfg = dict(SM90_BLOCK_N=128, SM90_STAGES=stages, SM90_KSTAGES=kst, SM90_CONS=cons, SM90_Q2=1, SM90_LPT=lpt)
+    _check_sm90(B, H, Hkv, nq, nk, bnhd, D, dtype, cfg)
 
 
 def test_sm90_eligibility_rules():
@@ -625,7 +634,7 @@ def test_sm90_launch_plan_direct_args(fake_gluon_launch):
     from flashattn_triton.ops import _fwd_sm90
 
     def fn(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, slb, slh, H, GROUP, Nq, Nk, NUM_M, n_tiles,
-           lpt_g, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, CONS_REGS, PP, QBUF):  # fmt: skip
+           lpt_g, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, CONS_REGS, PP, QBUF, KSTAGES):  # fmt: skip
         pass
 
     calls = fake_gluon_launch(_fwd_sm90, "_attn_fwd_sm90_kernel", fn)
@@ -651,13 +660,22 @@ def test_sm90_launch_plan_direct_args(fake_gluon_launch):
     assert grid == (min(132, num_m * B * H),)
     assert [d.block for d in nargs[:3]] == [[1, 1, 64, D], [1, 1, 128, D], [1, 1, 128, D]]
     assert kw == dict(
-        HEAD_DIM=D, BLOCK_N=128, STAGES=3, CAUSAL=True, NUM_CONS=2, CONS_REGS=240, PP=True, QBUF=1, num_warps=4
+        HEAD_DIM=D,
+        BLOCK_N=128,
+        STAGES=3,
+        CAUSAL=True,
+        NUM_CONS=2,
+        CONS_REGS=240,
+        PP=True,
+        QBUF=1,
+        KSTAGES=3,
+        num_warps=4,
     )
     assert dargs[3] is out and dargs[4] is lse and dargs[5:18] == nargs[5:]
     assert dargs[5:10] == (*out.stride()[:3], *lse.stride()[:2])
     assert dargs[10:17] == (H, H // Hkv, N, N, num_m, num_m * B * H, 2)
     assert abs(dargs[17] - 0.125 * 1.4426950408889634) < 1e-12
-    assert dargs[18:] == (D, 128, 3, True, 2, 240, True, 1)  # the constexpr tail
+    assert dargs[18:] == (D, 128, 3, True, 2, 240, True, 1, 3)  # the constexpr tail
     # another shape is another plan: normal launch first again
     q2 = torch.zeros(B, H, N + 1, D, dtype=torch.bfloat16)
     _fwd_sm90.launch(q2, k, v, torch.empty_like(q2), torch.empty(B, H, N + 1), False, 0.125, cfg)
@@ -667,19 +685,20 @@ def test_sm90_launch_plan_direct_args(fake_gluon_launch):
 
 
 @pytest.mark.parametrize(
-    "D,bn,stages,cons,causal,max_spill,qbuf",
+    "D,bn,stages,cons,causal,max_spill,qbuf,kst",
     [
-        (128, 128, 3, 2, False, 0, 1),
-        (128, 128, 3, 2, True, 0, 1),
-        (64, 128, 4, 2, True, 0, 1),
-        (64, 128, 4, 3, False, 32, 1),
-        (64, 128, 4, 3, True, 64, 1),  # a few scalar spills; the masked key compare had spilled 304 bytes
-        (64, 128, 4, 2, False, 0, 2),
-        (64, 128, 4, 3, True, 64, 2),
+        (128, 128, 3, 2, False, 0, 1, 3),
+        (128, 128, 3, 2, True, 0, 1, 3),
+        (64, 128, 4, 2, True, 0, 1, 4),
+        (64, 128, 4, 3, False, 32, 1, 4),
+        (64, 128, 4, 3, True, 64, 1, 4),  # a few scalar spills; the masked key compare had spilled 304 bytes
+        (64, 128, 4, 2, False, 0, 2, 4),
+        (64, 128, 4, 3, True, 64, 2, 4),
+        (128, 128, 3, 2, True, 0, 2, 2),  # D128 fits two Q buffers with a 2-deep K ring
     ],
 )
 @pytest.mark.parametrize("pp", [False, True])
-def test_sm90_kernel_compiles_offline_without_spills(D, bn, stages, cons, causal, max_spill, qbuf, pp):
+def test_sm90_kernel_compiles_offline_without_spills(D, bn, stages, cons, causal, max_spill, qbuf, kst, pp):
     """No GPU needed: the Gluon forward compiles for sm_90a with Triton's own ptxas, within the shared memory
     of one H200 CTA and without register spills (the shipped configurations; the three-consumer D64 one,
     at 160 registers a warpgroup, spills 16 bytes)."""
@@ -716,6 +735,7 @@ def test_sm90_kernel_compiles_offline_without_spills(D, bn, stages, cons, causal
         CONS_REGS=240 if cons == 2 else 160,
         PP=pp,
         QBUF=qbuf,
+        KSTAGES=kst,
     )
     sig.update({n: "constexpr" for n in const})
     src = GluonASTSource(_fwd_sm90._attn_fwd_sm90_kernel, sig, const)

@@ -100,7 +100,7 @@ if HAS_GLUON:
     @gluon.jit
     def _producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty,
                   n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, NUM_CONS: gl.constexpr, STAGES: gl.constexpr,
-                  BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, QBUF: gl.constexpr):  # fmt: skip
+                  BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, QBUF: gl.constexpr, KSTAGES: gl.constexpr):  # fmt: skip
         it = 0  # key blocks loaded so far by this CTA: ring slot and phase run on across tiles
         tc = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
@@ -118,9 +118,10 @@ if HAS_GLUON:
             for i in range(n_blocks):
                 s = it % STAGES
                 ph = ((it // STAGES) & 1) ^ 1
-                mbarrier.wait(k_empty.index(s), ph)
-                mbarrier.expect(k_bar.index(s), desc_k.block_type.nbytes)
-                tma.async_copy_global_to_shared(desc_k, [b, hk, i * BLOCK_N, 0], k_bar.index(s), k_smem.index(s))
+                sk = it % KSTAGES  # the K ring may be shallower: K is freed right after its QK^T, V after its P V
+                mbarrier.wait(k_empty.index(sk), ((it // KSTAGES) & 1) ^ 1)
+                mbarrier.expect(k_bar.index(sk), desc_k.block_type.nbytes)
+                tma.async_copy_global_to_shared(desc_k, [b, hk, i * BLOCK_N, 0], k_bar.index(sk), k_smem.index(sk))
                 mbarrier.wait(v_empty.index(s), ph)
                 mbarrier.expect(v_bar.index(s), desc_v.block_type.nbytes)
                 tma.async_copy_global_to_shared(desc_v, [b, hk, i * BLOCK_N, 0], v_bar.index(s), v_smem.index(s))
@@ -185,7 +186,8 @@ if HAS_GLUON:
     def _consumer(q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O, LSE,
                   sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                  NUM_CONS: gl.constexpr, PP: gl.constexpr, WG: gl.constexpr, QBUF: gl.constexpr):  # fmt: skip
+                  NUM_CONS: gl.constexpr, PP: gl.constexpr, WG: gl.constexpr, QBUF: gl.constexpr,
+                  KSTAGES: gl.constexpr):  # fmt: skip
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
@@ -212,8 +214,8 @@ if HAS_GLUON:
             q = q_smem.index(qb * NUM_CONS + WG).reshape([_WG_M, HEAD_DIM])
 
             # prologue: S(0) and its softmax
-            s0 = it % STAGES
-            mbarrier.wait(k_bar.index(s0), (it // STAGES) & 1)
+            s0 = it % KSTAGES
+            mbarrier.wait(k_bar.index(s0), (it // KSTAGES) & 1)
             k0 = k_smem.index(s0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
             _turn_wait(turn, g, PP, WG)
             s_tok = warpgroup_mma(q, k0, s_zero, use_acc=False, is_async=True)
@@ -230,9 +232,9 @@ if HAS_GLUON:
 
             # steady state: issue S(i), then O += P(i-1) V(i-1); softmax(i) overlaps the P V wgmma
             for i in range(1, n_blocks):
-                sc = (it + i) % STAGES
+                sc = (it + i) % KSTAGES
                 sp = (it + i - 1) % STAGES
-                mbarrier.wait(k_bar.index(sc), ((it + i) // STAGES) & 1)
+                mbarrier.wait(k_bar.index(sc), ((it + i) // KSTAGES) & 1)
                 ki = k_smem.index(sc).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
                 vp = v_smem.index(sp).reshape([BLOCK_N, HEAD_DIM])
                 if PP:  # both GEMMs of the step in this warpgroup's turn
@@ -290,17 +292,18 @@ if HAS_GLUON:
     def _attn_fwd_sm90_kernel(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, slb, slh, H, GROUP, Nq, Nk, NUM_M,
                               n_tiles, lpt_g, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                               STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr,
-                              CONS_REGS: gl.constexpr, PP: gl.constexpr, QBUF: gl.constexpr):  # fmt: skip
+                              CONS_REGS: gl.constexpr, PP: gl.constexpr, QBUF: gl.constexpr,
+                              KSTAGES: gl.constexpr):  # fmt: skip
         # persistent: each CTA walks tiles pid, pid + grid, ...; the producer runs ahead into the next tile
         dtype: gl.constexpr = desc_q.dtype
         q_smem = gl.allocate_shared_memory(dtype, [QBUF * NUM_CONS] + desc_q.block_type.shape, desc_q.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [KSTAGES] + desc_k.block_type.shape, desc_k.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [QBUF, 1], mbarrier.MBarrierLayout())
-        k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_bar = gl.allocate_shared_memory(gl.int64, [KSTAGES, 1], mbarrier.MBarrierLayout())
         v_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [KSTAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [NUM_CONS, 1], mbarrier.MBarrierLayout())
         for w in gl.static_range(NUM_CONS):
@@ -308,24 +311,32 @@ if HAS_GLUON:
         for qb in gl.static_range(QBUF):
             mbarrier.init(q_bar.index(qb), count=1)
             mbarrier.init(q_empty.index(qb), count=NUM_CONS)  # one arrive per consumer warpgroup
-        for s in gl.static_range(STAGES):
-            mbarrier.init(k_bar.index(s), count=1)
-            mbarrier.init(v_bar.index(s), count=1)
-            mbarrier.init(k_empty.index(s), count=NUM_CONS)
-            mbarrier.init(v_empty.index(s), count=NUM_CONS)
+        if KSTAGES == STAGES:  # (the order the measured kernels were compiled with)
+            for s in gl.static_range(STAGES):
+                mbarrier.init(k_bar.index(s), count=1)
+                mbarrier.init(v_bar.index(s), count=1)
+                mbarrier.init(k_empty.index(s), count=NUM_CONS)
+                mbarrier.init(v_empty.index(s), count=NUM_CONS)
+        else:
+            for s in gl.static_range(KSTAGES):
+                mbarrier.init(k_bar.index(s), count=1)
+                mbarrier.init(k_empty.index(s), count=NUM_CONS)
+            for s in gl.static_range(STAGES):
+                mbarrier.init(v_bar.index(s), count=1)
+                mbarrier.init(v_empty.index(s), count=NUM_CONS)
         # (partition arguments are spelled out: Gluon keeps constexprs only in literal argument tuples)
         if NUM_CONS == 2:
             gl.warp_specialize(
                 [
                     (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O,
                                  LSE, sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
-                                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 0, QBUF)),
+                                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 0, QBUF, KSTAGES)),
                     (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O,
                                  LSE, sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
-                                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 1, QBUF)),
+                                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 1, QBUF, KSTAGES)),
                     (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar,
                                  k_empty, v_empty, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, NUM_CONS, STAGES, BLOCK_N,
-                                 CAUSAL, QBUF)),
+                                 CAUSAL, QBUF, KSTAGES)),
                 ],
                 [4, 1],
                 [CONS_REGS, 24],
@@ -335,16 +346,16 @@ if HAS_GLUON:
                 [
                     (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O,
                                  LSE, sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
-                                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 0, QBUF)),
+                                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 0, QBUF, KSTAGES)),
                     (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O,
                                  LSE, sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
-                                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 1, QBUF)),
+                                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 1, QBUF, KSTAGES)),
                     (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O,
                                  LSE, sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
-                                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 2, QBUF)),
+                                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 2, QBUF, KSTAGES)),
                     (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar,
                                  k_empty, v_empty, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, NUM_CONS, STAGES, BLOCK_N,
-                                 CAUSAL, QBUF)),
+                                 CAUSAL, QBUF, KSTAGES)),
                 ],
                 [4, 4, 1],
                 [CONS_REGS, CONS_REGS, 24],
@@ -382,6 +393,7 @@ class _Plan:
             CONS_REGS=240 if cons == 2 else 160,
             PP=bool(cfg.get("SM90_PP", 0)),
             QBUF=2 if cfg.get("SM90_Q2", 0) else 1,
+            KSTAGES=cfg.get("SM90_KSTAGES", cfg.get("SM90_STAGES", 3)),
             num_warps=4,
         )
         self.dl = direct.Direct()
@@ -397,7 +409,16 @@ def _lpt_group(bh: int, want: int) -> int:
 
 _PLANS: dict[tuple, _Plan] = {}
 _MAX_PLANS = 1024
-_CFG_KEYS = ("SM90_BLOCK_N", "SM90_CONS", "SM90_STAGES", "SM90_PERSIST", "SM90_LPT", "SM90_PP", "SM90_Q2")
+_CFG_KEYS = (
+    "SM90_BLOCK_N",
+    "SM90_CONS",
+    "SM90_STAGES",
+    "SM90_PERSIST",
+    "SM90_LPT",
+    "SM90_PP",
+    "SM90_Q2",
+    "SM90_KSTAGES",
+)
 
 
 def launch(q, k, v, out, lse, causal: bool, sm_scale: float, cfg: dict) -> None:
@@ -408,7 +429,8 @@ def launch(q, k, v, out, lse, causal: bool, sm_scale: float, cfg: dict) -> None:
     the hardware hands out dynamically -- better balanced for causal tiles of unequal cost), SM90_LPT (causal:
     head groups of this size, longest row blocks of a group first; see ``_tile``), SM90_PP (1: the consumer
     warpgroups issue their wgmma in round-robin turns), SM90_Q2 (1: two Q buffers, so the next tile's Q is loaded
-    while this tile runs; D64 only, D128 has no shared memory left)."""
+    while this tile runs; at D128 only with SM90_KSTAGES 2), SM90_KSTAGES (K ring depth, default SM90_STAGES: K is
+    released after its QK^T, V only after its P V, so K can do with fewer slots)."""
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), lse.stride(), q.dtype, q.device,
            bool(causal), *(cfg.get(c) for c in _CFG_KEYS))  # fmt: skip
     plan = _PLANS.get(key)
