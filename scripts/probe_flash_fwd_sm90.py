@@ -60,7 +60,7 @@ VARIANTS = {  # name -> SM90 config keys (C3 = three consumer warpgroups, np = o
     "np64s6": dict(SM90=1, SM90_BLOCK_N=64, SM90_STAGES=6, SM90_PERSIST=0),
     "np64s6g8": dict(SM90=1, SM90_BLOCK_N=64, SM90_STAGES=6, SM90_PERSIST=0, SM90_LPT=8),
     # session 14: three consumers for causal D64 (the masked step no longer spills at 160 registers) and two
-    # Q buffers (q2: the next tile's Q is loaded while this tile runs; D64 only, shared memory)
+    # Q buffers (q2: the next tile's Q is loaded while this tile runs; at D128 only with the 2-deep K ring below)
     "p3c128s4g8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_CONS=3, SM90_LPT=8),
     "np3c128s4g8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_CONS=3, SM90_PERSIST=0, SM90_LPT=8),
     "p128s4q2": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_Q2=1),
