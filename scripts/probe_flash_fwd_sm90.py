@@ -72,6 +72,8 @@ VARIANTS = {  # name -> SM90 config keys (C3 = three consumer warpgroups, np = o
     "p128k2s4": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_KSTAGES=2),
     "p128k2s3q2": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_KSTAGES=2, SM90_Q2=1),
     "p128k2s3q2g8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_KSTAGES=2, SM90_Q2=1, SM90_LPT=8),
+    # session 15: two Q buffers with ping-pong turns (D128 causal 2k)
+    "p128k2s3q2pp": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_KSTAGES=2, SM90_Q2=1, SM90_PP=1),
 }
 DIMS = {"p3c64s4": (128,), "p128s4": (64,), "np128s4": (64,), "p3c128s4": (64,)}  # D128: shared memory
 DIMS.update({n: (64,) for n in ("np128s4g8", "np128s4g32", "p128s4pp", "p3c128s4pp", "np128s4ppg8")})
@@ -81,8 +83,10 @@ CAUSAL_ONLY = {n for n, c in VARIANTS.items() if c.get("SM90_LPT")} | {"np64s6"}
 # tiles across their boundary (next tile's S(0) issued behind the last P V, optional second Q buffer): its best
 # variant 1-14% slower than the shipped tables at N 1k-4k, and wrong on a ragged shape; not kept (see
 # benchmarks/results/probes/h200-probe_fwd_sm90-xt.json and the .patch beside it), nor was the polynomial
-# exp2 measured with --overlay SM90_EXP_POLY=n (h200-probe_fwd_sm90-exppoly.*).
-NEW = {"p128k2s3", "p128k2s4", "p128k2s3q2", "p128k2s3q2g8"}
+# exp2 measured with --overlay SM90_EXP_POLY=n (h200-probe_fwd_sm90-exppoly.*). Session 15 measured a branch-free
+# form (the previous tile's last P V issued behind the next tile's first QK^T, under its softmax; two Q buffers):
+# 2-8% slower than the same config without it at D128 full, worse elsewhere (h200-probe_fwd_sm90-s15-xt.*).
+NEW = {"p128k2s3q2pp"}
 # (B, H, Hkv, Nq, Nk, bnhd): ragged, Nq < Nk, Nq > Nk (rows with no key when causal), GQA, BNHD view, tiny
 CHECK_SHAPES = [
     (1, 3, 3, 77, 300, False),
