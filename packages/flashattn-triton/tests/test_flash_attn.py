@@ -538,6 +538,26 @@ _SM90_SHAPES = [
 ]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "D,cons,lpt,dtype,stages,kst",
+    [
+        (64, 2, 0, torch.bfloat16, 4, 4),
+        (64, 2, 8, torch.float16, 3, 3),
+        (64, 3, 0, torch.bfloat16, 4, 4),
+        (128, 2, 0, torch.bfloat16, 3, 2),
+        (128, 2, 8, torch.float16, 3, 2),
+    ],
+)
+@pytest.mark.parametrize("B,H,Hkv,nq,nk,bnhd", [(4, 16, 4, 1000, 1000, False), *_SM90_SHAPES[1:]])
+def test_gpu_sm90_forward_tma_store_epilogue(B, H, Hkv, nq, nk, bnhd, D, cons, lpt, dtype, stages, kst):
+    """SM90_OTMA: O is staged in the tile's consumed Q buffer and written by one TMA store, which must clip
+    the rows past Nq of each head (ragged N, Nq > Nk, one row) and follow out's strides (the BNHD view); the
+    buffer goes back to the producer only after the store has read it (several tiles per CTA at N=1000)."""
+    cfg = dict(SM90_BLOCK_N=128, SM90_STAGES=stages, SM90_KSTAGES=kst, SM90_CONS=cons, SM90_Q2=1, SM90_OTMA=1)
+    _check_sm90(B, H, Hkv, nq, nk, bnhd, D, dtype, dict(cfg, SM90_LPT=lpt))
+
+
 def _check_sm90(B, H, Hkv, nq, nk, bnhd, D, dtype, cfg):
     from flashattn_triton.ops import _fwd_sm90
 
@@ -634,7 +654,8 @@ def test_sm90_launch_plan_direct_args(fake_gluon_launch):
     from flashattn_triton.ops import _fwd_sm90
 
     def fn(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, slb, slh, H, GROUP, Nq, Nk, NUM_M, n_tiles,
-           lpt_g, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, CONS_REGS, PP, QBUF, KSTAGES):  # fmt: skip
+           lpt_g, qk_scale, desc_o, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, CONS_REGS, PP, QBUF, KSTAGES,
+           OTMA):  # fmt: skip
         pass
 
     calls = fake_gluon_launch(_fwd_sm90, "_attn_fwd_sm90_kernel", fn)
@@ -669,40 +690,55 @@ def test_sm90_launch_plan_direct_args(fake_gluon_launch):
         PP=True,
         QBUF=1,
         KSTAGES=3,
+        OTMA=False,
         num_warps=4,
     )
-    assert dargs[3] is out and dargs[4] is lse and dargs[5:18] == nargs[5:]
+    assert dargs[3] is out and dargs[4] is lse and dargs[5:18] == nargs[5:18]
+    assert dargs[18] is dargs[0] and nargs[18] is nargs[0]  # no TMA store: q's descriptor stands in for desc_o
     assert dargs[5:10] == (*out.stride()[:3], *lse.stride()[:2])
     assert dargs[10:17] == (H, H // Hkv, N, N, num_m, num_m * B * H, 2)
     assert abs(dargs[17] - 0.125 * 1.4426950408889634) < 1e-12
-    assert dargs[18:] == (D, 128, 3, True, 2, 240, True, 1, 3)  # the constexpr tail
+    assert dargs[19:] == (D, 128, 3, True, 2, 240, True, 1, 3, False)  # the constexpr tail
     # another shape is another plan: normal launch first again
     q2 = torch.zeros(B, H, N + 1, D, dtype=torch.bfloat16)
     _fwd_sm90.launch(q2, k, v, torch.empty_like(q2), torch.empty(B, H, N + 1), False, 0.125, cfg)
     assert len(calls["normal"]) == 2
     assert calls["normal"][1][1][16] == 0  # head-group order only for causal
+    # the TMA-store epilogue: desc_o covers out (a BNHD view here) with Q's block; it needs two Q buffers
+    calls["normal"].clear(), calls["direct"].clear()
+    for _ in range(2):
+        _fwd_sm90.launch(q, k, v, out, lse, False, 0.125, dict(cfg, SM90_Q2=1, SM90_OTMA=1))
+    grid, nargs, kw, dargs = fake_gluon_launch.first_launches(calls)
+    assert kw["OTMA"] is True and kw["QBUF"] == 2
+    assert nargs[18].base is out and nargs[18].strides == list(out.stride()) and nargs[18].block == [1, 1, 64, D]
+    do = dargs[18]
+    assert do.base is out and list(do.shape) == list(out.shape) and list(do.strides) == list(out.stride())
+    with pytest.raises(ValueError, match="SM90_OTMA needs SM90_Q2"):
+        _fwd_sm90.launch(q, k, v, out, lse, False, 0.125, dict(cfg, SM90_OTMA=1))
     assert [_fwd_sm90._lpt_group(bh, w) for bh, w in ((256, 8), (6, 4), (7, 4), (5, 0), (2, 16))] == [8, 3, 1, 0, 2]
 
 
 @pytest.mark.parametrize(
-    "D,bn,stages,cons,causal,max_spill,qbuf,kst",
+    "D,bn,stages,cons,causal,max_spill,qbuf,kst,otma",
     [
-        (128, 128, 3, 2, False, 0, 1, 3),
-        (128, 128, 3, 2, True, 0, 1, 3),
-        (64, 128, 4, 2, True, 0, 1, 4),
-        (64, 128, 4, 3, False, 32, 1, 4),
-        (64, 128, 4, 3, True, 64, 1, 4),  # a few scalar spills; the masked key compare had spilled 304 bytes
-        (64, 128, 4, 2, False, 0, 2, 4),
-        (64, 128, 4, 3, True, 64, 2, 4),
-        (128, 128, 3, 2, True, 0, 2, 2),  # D128 fits two Q buffers with a 2-deep K ring
+        (128, 128, 3, 2, False, 0, 1, 3, False),
+        (128, 128, 3, 2, True, 0, 1, 3, False),
+        (64, 128, 4, 2, True, 0, 1, 4, False),
+        (64, 128, 4, 3, False, 32, 1, 4, False),
+        (64, 128, 4, 3, True, 64, 1, 4, False),  # a few scalar spills; the masked key compare had spilled 304 bytes
+        (64, 128, 4, 2, False, 0, 2, 4, False),
+        (64, 128, 4, 3, True, 64, 2, 4, False),
+        (128, 128, 3, 2, True, 0, 2, 2, False),  # D128 fits two Q buffers with a 2-deep K ring
+        (128, 128, 3, 2, False, 0, 2, 2, True),  # O through the consumed Q buffer and a TMA store
+        (64, 128, 3, 2, True, 0, 2, 3, True),
     ],
 )
 @pytest.mark.parametrize("pp", [False, True])
-def test_sm90_kernel_compiles_offline_without_spills(D, bn, stages, cons, causal, max_spill, qbuf, kst, pp):
+def test_sm90_kernel_compiles_offline_without_spills(D, bn, stages, cons, causal, max_spill, qbuf, kst, otma, pp):
     """No GPU needed: the Gluon forward compiles for sm_90a with Triton's own ptxas, within the shared memory
     of one H200 CTA and within a spill bound: none for two consumer warpgroups (the shipped configurations,
-    two Q buffers, the 2-deep K ring); the three-consumer D64 kernels, at 160 registers a warpgroup, spill
-    loop scalars only (16 bytes non-causal, up to 64 causal)."""
+    two Q buffers, the 2-deep K ring, the TMA-store epilogue); the three-consumer D64 kernels, at 160 registers
+    a warpgroup, spill loop scalars only (16 bytes non-causal, up to 64 causal)."""
     import re
     import subprocess
     import tempfile
@@ -727,6 +763,7 @@ def test_sm90_kernel_compiles_offline_without_spills(D, bn, stages, cons, causal
     sig.update({n: "i64" for n in ("sob", "soh", "som", "slb", "slh")})
     sig.update({n: "i32" for n in ("H", "GROUP", "Nq", "Nk", "NUM_M", "n_tiles", "lpt_g")})
     sig["qk_scale"] = "fp32"
+    sig["desc_o"] = desc(64)
     const = dict(
         HEAD_DIM=D,
         BLOCK_N=bn,
@@ -737,6 +774,7 @@ def test_sm90_kernel_compiles_offline_without_spills(D, bn, stages, cons, causal
         PP=pp,
         QBUF=qbuf,
         KSTAGES=kst,
+        OTMA=otma,
     )
     sig.update({n: "constexpr" for n in const})
     src = GluonASTSource(_fwd_sm90._attn_fwd_sm90_kernel, sig, const)

@@ -11,6 +11,8 @@ be issued before the softmax (Triton's pipeliner waits on it). This kernel is or
   producer only through mbarriers, so they drift apart and one's softmax overlaps the other's MMAs;
 * inside a consumer, S(j+1) = Q K(j+1)^T is issued asynchronously before O += P(j) V(j), and the
   softmax of tile j+1 runs while the P V wgmma is in flight (FA3's intra-warpgroup pipelining).
+* persistent CTAs walk tiles with the next tile's Q in a second buffer (SM90_Q2), and O leaves through
+  the tile's consumed Q buffer by one TMA store (SM90_OTMA) instead of scalar stores from registers.
 
 Semantics match ``_attn_fwd_kernel`` exactly (base-2 online softmax, bottom-right causal, rows
 that see no key give 0 / LSE -inf). K/V tiles past Nk are zero-filled by the rank-4 TMA
@@ -29,7 +31,13 @@ from .._common import capability, direct
 try:  # Gluon ships with Triton >= 3.5; without it this kernel is simply never chosen
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     # Gluon is experimental and its API moves between releases (3.9 dropped thread_barrier): the kernel is
@@ -184,10 +192,10 @@ if HAS_GLUON:
 
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O, LSE,
-                  sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
+                  sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale, desc_o,
                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                   NUM_CONS: gl.constexpr, PP: gl.constexpr, WG: gl.constexpr, QBUF: gl.constexpr,
-                  KSTAGES: gl.constexpr):  # fmt: skip
+                  KSTAGES: gl.constexpr, OTMA: gl.constexpr):  # fmt: skip
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
@@ -223,6 +231,12 @@ if HAS_GLUON:
             g += 1
             s_cur = warpgroup_mma_wait(0, deps=[s_tok, q, k0])[0]
             _release(k_empty.index(s0))
+            if OTMA:
+                # no wgmma is in flight here: the previous tile's O store has read its Q buffer (only the issuing
+                # thread's wait counts; _release's barrier holds the others), so the producer may refill it
+                tma.store_wait(0)
+                if tc > 0:
+                    _release(q_empty.index((tc - 1) % QBUF))
             if n_full > 0:
                 p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, row, 0, Nk, diag, qk_scale, False, CAUSAL,
                                                    BLOCK_N, s_layout, o_layout, dtype)  # fmt: skip
@@ -260,8 +274,8 @@ if HAS_GLUON:
                                                        True, CAUSAL, BLOCK_N, s_layout, o_layout, dtype)  # fmt: skip
                 acc = warpgroup_mma_wait(0, deps=[acc_tok, vp])[0]
                 _release(v_empty.index(sp))
-            # every S wgmma of this tile is done: the producer may load the next tile's Q
-            _release(q_empty.index(qb))
+            if not OTMA:  # every S wgmma of this tile is done: the producer may load the next tile's Q
+                _release(q_empty.index(qb))
 
             # epilogue: the last P V, then O and LSE (the producer is already streaming the next tile)
             sl = (it + n_blocks - 1) % STAGES
@@ -280,20 +294,30 @@ if HAS_GLUON:
             l_safe = gl.where(l_i == 0.0, 1.0, l_i)
             out = acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)
             b64 = b.to(gl.int64)
-            rows_o = row0 + gl.arange(0, _WG_M, layout=row_o)
-            cols_o = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-            offs = gl.expand_dims(rows_o.to(gl.int64) * som, 1) + gl.expand_dims(cols_o, 0)
-            o_base = O + b64 * sob + h.to(gl.int64) * soh
-            gl.store(o_base + offs, out.to(dtype), mask=gl.expand_dims(rows_o < Nq, 1))
+            if OTMA:
+                # O goes out through this tile's Q buffer (free: every S of the tile is done) and one TMA store,
+                # which clips rows past Nq per head; the next tile's prologue frees the buffer for the producer
+                q.store(out.to(dtype))
+                fence_async_shared()  # generic-proxy writes -> visible to the TMA (async proxy)
+                gl.thread_barrier()  # every warp's rows are in the buffer before the store is issued
+                tma.async_copy_shared_to_global(desc_o, [b, h, row0, 0], q_smem.index(qb * NUM_CONS + WG))
+            else:
+                rows_o = row0 + gl.arange(0, _WG_M, layout=row_o)
+                cols_o = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+                offs = gl.expand_dims(rows_o.to(gl.int64) * som, 1) + gl.expand_dims(cols_o, 0)
+                o_base = O + b64 * sob + h.to(gl.int64) * soh
+                gl.store(o_base + offs, out.to(dtype), mask=gl.expand_dims(rows_o < Nq, 1))
             lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
             gl.store(LSE + b64 * slb + h.to(gl.int64) * slh + row, lse, mask=row < Nq)
+        if OTMA:
+            tma.store_wait(0)  # the last O store has read shared memory before the warpgroup exits
 
     @gluon.jit
     def _attn_fwd_sm90_kernel(desc_q, desc_k, desc_v, O, LSE, sob, soh, som, slb, slh, H, GROUP, Nq, Nk, NUM_M,
-                              n_tiles, lpt_g, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                              n_tiles, lpt_g, qk_scale, desc_o, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                               STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr,
                               CONS_REGS: gl.constexpr, PP: gl.constexpr, QBUF: gl.constexpr,
-                              KSTAGES: gl.constexpr):  # fmt: skip
+                              KSTAGES: gl.constexpr, OTMA: gl.constexpr):  # fmt: skip
         # persistent: each CTA walks tiles pid, pid + grid, ...; the producer runs ahead into the next tile
         dtype: gl.constexpr = desc_q.dtype
         q_smem = gl.allocate_shared_memory(dtype, [QBUF * NUM_CONS] + desc_q.block_type.shape, desc_q.layout)
@@ -330,10 +354,10 @@ if HAS_GLUON:
                 [
                     (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O,
                                  LSE, sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
-                                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 0, QBUF, KSTAGES)),
+                                 desc_o, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 0, QBUF, KSTAGES, OTMA)),
                     (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O,
                                  LSE, sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
-                                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 1, QBUF, KSTAGES)),
+                                 desc_o, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 1, QBUF, KSTAGES, OTMA)),
                     (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar,
                                  k_empty, v_empty, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, NUM_CONS, STAGES, BLOCK_N,
                                  CAUSAL, QBUF, KSTAGES)),
@@ -346,13 +370,13 @@ if HAS_GLUON:
                 [
                     (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O,
                                  LSE, sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
-                                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 0, QBUF, KSTAGES)),
+                                 desc_o, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 0, QBUF, KSTAGES, OTMA)),
                     (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O,
                                  LSE, sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
-                                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 1, QBUF, KSTAGES)),
+                                 desc_o, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 1, QBUF, KSTAGES, OTMA)),
                     (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O,
                                  LSE, sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
-                                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 2, QBUF, KSTAGES)),
+                                 desc_o, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 2, QBUF, KSTAGES, OTMA)),
                     (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar,
                                  k_empty, v_empty, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, NUM_CONS, STAGES, BLOCK_N,
                                  CAUSAL, QBUF, KSTAGES)),
@@ -370,7 +394,7 @@ class _Plan:
 
     __slots__ = ("grid", "kw", "blocks", "layouts", "ints", "dl")
 
-    def __init__(self, q, k, causal: bool, cfg: dict) -> None:
+    def __init__(self, q, k, out, causal: bool, cfg: dict) -> None:
         B, H, Nq, D = q.shape
         Hkv, Nk = k.shape[1], k.shape[2]
         bn = cfg.get("SM90_BLOCK_N", 128)
@@ -394,9 +418,21 @@ class _Plan:
             PP=bool(cfg.get("SM90_PP", 0)),
             QBUF=2 if cfg.get("SM90_Q2", 0) else 1,
             KSTAGES=cfg.get("SM90_KSTAGES", cfg.get("SM90_STAGES", 3)),
+            # the O store through the consumed Q buffer needs the second one (the producer refills a buffer only
+            # after the next tile's prologue) and TMA-legal strides for out; otherwise the register stores
+            OTMA=bool(cfg.get("SM90_OTMA", 0)) and _tma_ok(out),
             num_warps=4,
         )
+        if self.kw["OTMA"] and self.kw["QBUF"] != 2:
+            raise ValueError("SM90_OTMA needs SM90_Q2: with one Q buffer the next tile's Q would wait for this O store")
         self.dl = direct.Direct()
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """TMA's rules for a (B, H, N, D) tensor: unit last stride, 16-byte aligned base and outer strides."""
+    return (
+        t.stride(3) == 1 and t.data_ptr() % 16 == 0 and all((st * t.element_size()) % 16 == 0 for st in t.stride()[:3])
+    )
 
 
 def _lpt_group(bh: int, want: int) -> int:
@@ -418,6 +454,7 @@ _CFG_KEYS = (
     "SM90_PP",
     "SM90_Q2",
     "SM90_KSTAGES",
+    "SM90_OTMA",
 )
 
 
@@ -430,14 +467,15 @@ def launch(q, k, v, out, lse, causal: bool, sm_scale: float, cfg: dict) -> None:
     head groups of this size, longest row blocks of a group first; see ``_tile``), SM90_PP (1: the consumer
     warpgroups issue their wgmma in round-robin turns), SM90_Q2 (1: two Q buffers, so the next tile's Q is loaded
     while this tile runs; at D128 only with SM90_KSTAGES 2), SM90_KSTAGES (K ring depth, default SM90_STAGES: K is
-    released after its QK^T, V only after its P V, so K can do with fewer slots)."""
-    key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), lse.stride(), q.dtype, q.device,
-           bool(causal), *(cfg.get(c) for c in _CFG_KEYS))  # fmt: skip
+    released after its QK^T, V only after its P V, so K can do with fewer slots), SM90_OTMA (1, with SM90_Q2: O is
+    staged in the tile's consumed Q buffer and written by one TMA store instead of 32-64 register stores a thread)."""
+    key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), out.data_ptr() % 16 == 0,
+           lse.stride(), q.dtype, q.device, bool(causal), *(cfg.get(c) for c in _CFG_KEYS))  # fmt: skip
     plan = _PLANS.get(key)
     if plan is None:
         if len(_PLANS) >= _MAX_PLANS:  # e.g. a server seeing every sequence length: bounded, rebuilt on demand
             _PLANS.clear()
-        plan = _PLANS[key] = _Plan(q, k, causal, cfg)
+        plan = _PLANS[key] = _Plan(q, k, out, causal, cfg)
     qs, ks, vs = list(q.shape), list(k.shape), list(v.shape)
     qst, kst, vst = list(q.stride()), list(k.stride()), list(v.stride())
     so, sl = out.stride(), lse.stride()
@@ -445,11 +483,16 @@ def launch(q, k, v, out, lse, causal: bool, sm_scale: float, cfg: dict) -> None:
     bq, bk, bv = plan.blocks
     lq, lk, lv = plan.layouts
 
+    otma = plan.kw["OTMA"]  # without it desc_o is never read: q's descriptor stands in for it
+
     def normal_args():
-        return (TensorDescriptor(q, qs, qst, bq, lq), TensorDescriptor(k, ks, kst, bk, lk),
-                TensorDescriptor(v, vs, vst, bv, lv), *tail)  # fmt: skip
+        dq = TensorDescriptor(q, qs, qst, bq, lq)
+        do = TensorDescriptor(out, list(out.shape), list(so), bq, lq) if otma else dq
+        return (dq, TensorDescriptor(k, ks, kst, bk, lk), TensorDescriptor(v, vs, vst, bv, lv), *tail, do)
 
     # the launcher only reads base/shape/strides/padding; blocks and layouts are compiled into the plan's kernel
-    args = (direct.Desc(q, qs, qst), direct.Desc(k, ks, kst), direct.Desc(v, vs, vst), *tail)
+    dq = direct.Desc(q, qs, qst)
+    do = direct.Desc(out, list(out.shape), list(so)) if otma else dq
+    args = (dq, direct.Desc(k, ks, kst), direct.Desc(v, vs, vst), *tail, do)
     align = (out.data_ptr() % 16 == 0, lse.data_ptr() % 16 == 0)
     direct.launch(plan.dl, _attn_fwd_sm90_kernel, plan.grid, args, plan.kw, align, normal_args)
