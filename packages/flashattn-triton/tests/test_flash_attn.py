@@ -538,26 +538,6 @@ _SM90_SHAPES = [
 ]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize(
-    "D,cons,lpt,dtype,stages,kst",
-    [
-        (64, 2, 0, torch.bfloat16, 4, 4),
-        (64, 2, 8, torch.float16, 3, 3),
-        (64, 3, 0, torch.bfloat16, 4, 4),
-        (128, 2, 0, torch.bfloat16, 3, 2),
-        (128, 2, 8, torch.float16, 3, 2),
-    ],
-)
-@pytest.mark.parametrize("B,H,Hkv,nq,nk,bnhd", [(4, 16, 4, 1000, 1000, False), *_SM90_SHAPES[1:]])
-def test_gpu_sm90_forward_tma_store_epilogue(B, H, Hkv, nq, nk, bnhd, D, cons, lpt, dtype, stages, kst):
-    """SM90_OTMA: O is staged in the tile's consumed Q buffer and written by one TMA store, which must clip
-    the rows past Nq of each head (ragged N, Nq > Nk, one row) and follow out's strides (the BNHD view); the
-    buffer goes back to the producer only after the store has read it (several tiles per CTA at N=1000)."""
-    cfg = dict(SM90_BLOCK_N=128, SM90_STAGES=stages, SM90_KSTAGES=kst, SM90_CONS=cons, SM90_Q2=1, SM90_OTMA=1)
-    _check_sm90(B, H, Hkv, nq, nk, bnhd, D, dtype, dict(cfg, SM90_LPT=lpt))
-
-
 def _check_sm90(B, H, Hkv, nq, nk, bnhd, D, dtype, cfg):
     from flashattn_triton.ops import _fwd_sm90
 
@@ -616,23 +596,30 @@ def test_gpu_sm90_forward_pingpong_lpt(B, H, Hkv, nq, nk, bnhd, D, cons, persist
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "D,cons,lpt,dtype,stages,kst",
+    "D,cons,lpt,dtype,stages,kst,otma",
     [
-        (64, 2, 0, torch.bfloat16, 4, 4),
-        (64, 3, 0, torch.float16, 4, 4),
-        (64, 2, 8, torch.bfloat16, 4, 4),
-        (64, 3, 8, torch.bfloat16, 4, 4),
-        (128, 2, 0, torch.bfloat16, 3, 2),
-        (128, 2, 8, torch.float16, 3, 2),
+        (64, 2, 0, torch.bfloat16, 4, 4, 0),
+        (64, 3, 0, torch.float16, 4, 4, 0),
+        (64, 2, 8, torch.bfloat16, 4, 4, 0),
+        (64, 3, 8, torch.bfloat16, 4, 4, 0),
+        (128, 2, 0, torch.bfloat16, 3, 2, 0),
+        (128, 2, 8, torch.float16, 3, 2, 0),
+        (64, 2, 0, torch.bfloat16, 4, 4, 1),
+        (64, 2, 8, torch.float16, 3, 3, 1),
+        (64, 3, 0, torch.bfloat16, 4, 4, 1),
+        (128, 2, 0, torch.bfloat16, 3, 2, 1),
+        (128, 2, 8, torch.float16, 3, 2, 1),
     ],
 )
 @pytest.mark.parametrize("B,H,Hkv,nq,nk,bnhd", [(4, 16, 4, 1000, 1000, False), *_SM90_SHAPES[1:]])
-def test_gpu_sm90_forward_two_q_buffers(B, H, Hkv, nq, nk, bnhd, D, cons, lpt, dtype, stages, kst):
+def test_gpu_sm90_forward_two_q_buffers(B, H, Hkv, nq, nk, bnhd, D, cons, lpt, dtype, stages, kst, otma):
     """SM90_Q2: the next tile's Q lands in the other buffer while this tile runs (D128: with a 2-deep K
     ring, SM90_KSTAGES). At B=4, N=1000 each persistent CTA runs 3-4 tiles (384 or 512 on 132 SMs), so a
-    buffer is refilled and its barrier phase wraps."""
+    buffer is refilled and its barrier phase wraps. SM90_OTMA: O is staged in the consumed Q buffer and
+    written by one TMA store, which must clip the rows past Nq of each head (ragged N, Nq > Nk, one row) and
+    follow out's strides (the BNHD view); the producer gets the buffer back only after the store has read it."""
     cfg = dict(SM90_BLOCK_N=128, SM90_STAGES=stages, SM90_KSTAGES=kst, SM90_CONS=cons, SM90_Q2=1, SM90_LPT=lpt)
-    _check_sm90(B, H, Hkv, nq, nk, bnhd, D, dtype, cfg)
+    _check_sm90(B, H, Hkv, nq, nk, bnhd, D, dtype, dict(cfg, SM90_OTMA=otma))
 
 
 def test_sm90_eligibility_rules():
