@@ -5,7 +5,7 @@ an NVTX push/pop range ``prof`` (warm-up calls outside it compile and settle the
         python scripts/ncu_flash_fwd.py [--cases D128-N1024-full,D64-N1024-causal] [--overlay KEY=V+KEY2=V2]
 
 Cases are the benchmark shapes (B*N = 16k tokens, H*D = 2048, bf16) with the shipped tuning-table config;
-``--overlay`` sets SM90 keys on top (e.g. SM90_XT=1+SM90_Q2=1+SM90_KSTAGES=2) for an A/B pair of reports.
+``--overlay`` sets SM90 keys on top (e.g. SM90_OTMA=0 against the table's SM90_OTMA=1) for an A/B pair of reports.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from flashattn_triton.ops import flash_attn as F  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="D128-N1024-full,D64-N1024-causal")
-    ap.add_argument("--overlay", default="", help="SM90 keys set on the shipped config, e.g. SM90_XT=1+SM90_Q2=1")
+    ap.add_argument("--overlay", default="", help="SM90 keys set on the shipped config, e.g. SM90_OTMA=0+SM90_LPT=8")
     args = ap.parse_args()
     over = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in filter(None, args.overlay.split("+"))}
     dev = torch.device("cuda")
