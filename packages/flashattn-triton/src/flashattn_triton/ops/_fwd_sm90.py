@@ -59,12 +59,7 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         return False
     if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in HEAD_DIMS:
         return False
-    for t in (q, k, v):
-        if t.dtype != q.dtype or t.stride(3) != 1 or t.data_ptr() % 16:
-            return False
-        if any((st * t.element_size()) % 16 for st in t.stride()[:3]):
-            return False
-    return True
+    return all(t.dtype == q.dtype and _tma_ok(t) for t in (q, k, v))
 
 
 if HAS_GLUON:
