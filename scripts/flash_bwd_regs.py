@@ -5,6 +5,7 @@
 Compiles the dK/dV and dQ kernels at a few tile configs (causal and not, D64/D128, bf16) and prints
 registers per thread and spilled bytes. The GPU is not needed: Triton targets sm_90 directly.
 --knobs: the D128 configs of scripts/probe_flash_bwd_sweep.py (dQ warps/stages, maxnreg, the fused launch).
+--dq-atomic: the atomic-dQ dK/dV kernel, scalar atomics (DQ_ATOMIC 1) against one TMA reduce per tile (2).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import triton  # noqa: E402
 from flashattn_triton.ops import flash_attn as F  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
-PTRS = {"Q", "K", "V", "DO", "QD", "DOD", "LSE", "DELTA", "DK", "DV", "DQ"}
+PTRS = {"Q", "K", "V", "DO", "QD", "DOD", "LSE", "DELTA", "DK", "DV", "DQ", "DQA"}
 FLOATS = {"sm_scale", "qk2"}
 
 
@@ -73,8 +74,11 @@ def compile_one(kernel, consts: dict, num_warps: int, num_stages: int, maxnreg: 
             # the dK/dV loop's Q/dO descriptors (the fused kernel keeps Q/DO as pointers for its dQ programs)
             bm = consts.get("BLOCK_M1", consts.get("BLOCK_M"))
             sig[name] = f"tensordesc<bf16[1, 1, {bm}, {consts['BLOCK_D']}]>"
+        elif name == "DQA" and consts.get("DQ_ATOMIC") == 2:  # the fp32 accumulator as a TMA-reduce descriptor
+            bm = consts.get("BLOCK_M1", consts.get("BLOCK_M"))
+            sig[name] = f"tensordesc<fp32[1, 1, {bm}, {consts['BLOCK_D']}]>"
         elif name in PTRS:
-            fp32 = name in ("LSE", "DELTA") or (name == "DQ" and consts.get("DQ_ATOMIC"))  # DQ: the atomic accumulator
+            fp32 = name in ("LSE", "DELTA") or (name == "DQA" and consts.get("DQ_ATOMIC"))  # the atomic accumulator
             sig[name] = "*fp32" if fp32 else "*bf16"
         elif name in FLOATS:
             sig[name] = "fp32"
@@ -173,9 +177,24 @@ def knobs() -> None:
             print(f"  causal={int(causal)} {name}: {stats(kern, {**base, **c}, w, st, mr)}", flush=True)
 
 
+def dq_atomic() -> None:
+    """The atomic-dQ dK/dV kernel (5 GEMMs; dQ added by scalar atomics or one TMA reduce per tile), D128 bf16."""
+    print(f"triton {triton.__version__} sm_90 D128 bf16 atomic dQ: regs/spill-bytes, wgmma, TMA, shared memory")
+    for causal in (False, True):
+        base = dict(HEAD_DIM=128, BLOCK_D=128, CAUSAL=causal, VARLEN=False, DOT_PREC="tf32", OFF32=True)
+        for mode in (1, 2):
+            for bm, bn, w, s in ((64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 8, 3), (64, 64, 4, 3), (64, 64, 8, 3)):
+                for tma in (False, True):
+                    c = dict(BLOCK_M=bm, BLOCK_N=bn, DQ_ATOMIC=mode, TMA=tma)
+                    name = f"atomic{mode} {bm}x{bn} w{w}s{s}{' tma' if tma else ''}"
+                    print(f"  causal={int(causal)} {name}: {stats(DKDV, {**base, **c}, w, s)}", flush=True)
+
+
 def main() -> None:
     if "--knobs" in sys.argv:
         return knobs()
+    if "--dq-atomic" in sys.argv:
+        return dq_atomic()
     cfgs = [(64, 128, 8, 3), (128, 128, 8, 2), (64, 128, 4, 3)]
     print(f"triton {triton.__version__} sm_90: registers/thread, spill-store bytes (dQ tile = BN1 x BM1)")
     for d in (128, 64):

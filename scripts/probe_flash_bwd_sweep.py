@@ -8,6 +8,7 @@ N4k full, N1k full. Knobs (config keys of _backward_launch; absent = shipped beh
   FUSED=1/2          dK/dV and dQ programs in one launch (1: dK/dV programs first, 2: dQ programs first)
   num_warps2/num_stages2, BLOCK_M2/BLOCK_N2   the dQ kernel's own warps/stages/tiles (decoupled from dK/dV)
   maxnreg/maxnreg2   ptxas register cap of the dK/dV (or fused) / dQ launch
+  --set dqtma        DQ_ATOMIC 2 (dQ by one TMA reduce-add per tile, no dQ kernel) vs scalar atomics (1)
 Per group: (1) correctness of every variant (bf16 grads vs an fp32 reference, B=1 H=16 N=2048, same kernel
 specializations as the timed shapes; cached per (causal, config)) -- a failing variant is never timed;
 (2) shipped config first, then the variants, vs SDPA FLASH (FA2) and cuDNN backward (autograd.grad on a kept
@@ -88,6 +89,15 @@ LPT_SET = [
     ("fused1-lpt4", dict(FUSED=1, LPT=4)),
     ("fused1-lpt16", dict(FUSED=1, LPT=16)),
 ]
+# --set dqtma: the atomic-dQ backward (5 GEMMs, no dQ kernel) with one TMA reduce-add per dQ tile (DQ_ATOMIC 2),
+# against the same with scalar atomics (1); every split/fused knob of the shipped config is dropped
+DQTMA_SET = [
+    ("a2-64x128-w8s2-tma", dict(BLOCK_M1=64, BLOCK_N1=128, num_warps=8, num_stages=2, TMA=1, DQ_ATOMIC=2)),
+    ("a2-32x128-w8s3-tma", dict(BLOCK_M1=32, BLOCK_N1=128, num_warps=8, num_stages=3, TMA=1, DQ_ATOMIC=2)),
+    ("a2-64x64-w8s3-tma", dict(BLOCK_M1=64, BLOCK_N1=64, num_warps=8, num_stages=3, TMA=1, DQ_ATOMIC=2)),
+    ("a2-64x128-w8s3-tma", dict(BLOCK_M1=64, BLOCK_N1=128, num_warps=8, num_stages=3, TMA=1, DQ_ATOMIC=2)),
+    ("a1-64x128-w8s2-tma", dict(BLOCK_M1=64, BLOCK_N1=128, num_warps=8, num_stages=2, TMA=1, DQ_ATOMIC=1)),
+]
 VARIANT_SET = "tiles"
 
 
@@ -99,6 +109,11 @@ def variants_for(shipped: dict, causal: bool, n: int, gpu: bool) -> dict:
     elif VARIANT_SET == "lpt":
         out = {"shipped": base}
         out.update((name, dict(base, **over)) for name, over in LPT_SET)
+        return out
+    elif VARIANT_SET == "dqtma":
+        out = {"shipped": base}
+        plain = {k: v for k, v in base.items() if k not in ("FUSED", "ONE_LOOP", "num_warps2", "num_stages2")}
+        out.update((name, dict(plain, **over)) for name, over in DQTMA_SET)
         return out
     else:
         table = SMALL_CAUSAL if (causal and n <= 2048) else BIG
@@ -153,7 +168,12 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny shapes (logic check)")
     ap.add_argument("--workers", type=int, default=min(10, max(1, (os.cpu_count() or 4) - 4)))
     ap.add_argument("--compile-share", type=float, default=0.45, help="budget share of the parallel compile phase")
-    ap.add_argument("--set", default="tiles", choices=("tiles", "lpt"), help="variant set (lpt: causal order)")
+    ap.add_argument(
+        "--set",
+        default="tiles",
+        choices=("tiles", "lpt", "dqtma"),
+        help="variant set (lpt: causal order; dqtma: TMA-reduce atomic dQ)",
+    )
     args = ap.parse_args()
     out_dir, gpu, dev, dt, budget, res = setup(args)
 

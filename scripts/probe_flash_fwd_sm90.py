@@ -83,12 +83,14 @@ VARIANTS = {  # name -> SM90 config keys (C3 = three consumer warpgroups, np = o
     "o128s3q2g8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_Q2=1, SM90_OTMA=1, SM90_LPT=8),
     "o128s4q2g8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_Q2=1, SM90_OTMA=1, SM90_LPT=8),
     "o128s3q2g16": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_Q2=1, SM90_OTMA=1, SM90_LPT=16),
+    "o128s3q2g4": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_Q2=1, SM90_OTMA=1, SM90_LPT=4),
 }
 DIMS = {"p3c64s4": (128,), "p128s4": (64,), "np128s4": (64,), "p3c128s4": (64,)}  # D128: shared memory
 DIMS.update({n: (64,) for n in ("np128s4g8", "np128s4g32", "p128s4pp", "p3c128s4pp", "np128s4ppg8")})
 DIMS.update({n: (64,) for n in ("p3c128s4g8", "np3c128s4g8", "p128s4q2", "p3c128s4q2", "p128s4q2g8", "p3c128s4q2g8")})
 DIMS.update({n: (128,) for n in ("o128k2s3q2", "o128k2s3q2g8")})
 DIMS.update({n: (64,) for n in ("p128s3q2g8", "o128s4q2", "o3c128s4q2", "o128s3q2g8", "o128s4q2g8", "o128s3q2g16")})
+DIMS["o128s3q2g4"] = (64,)
 CAUSAL_ONLY = {n for n, c in VARIANTS.items() if c.get("SM90_LPT")} | {"np64s6"}  # LPT: causal tiles only
 # --check new: the variants added last. Session 7 (2026-12-01) also probed a consumer that software-pipelines
 # tiles across their boundary (next tile's S(0) issued behind the last P V, optional second Q buffer): its best
@@ -97,7 +99,7 @@ CAUSAL_ONLY = {n for n, c in VARIANTS.items() if c.get("SM90_LPT")} | {"np64s6"}
 # exp2 measured with --overlay SM90_EXP_POLY=n (h200-probe_fwd_sm90-exppoly.*). Session 15 measured a branch-free
 # form (the previous tile's last P V issued behind the next tile's first QK^T, under its softmax; two Q buffers):
 # 2-8% slower than the same config without it at D128 full, worse elsewhere (h200-probe_fwd_sm90-s15-xt.*).
-NEW = {"o128s4q2g8", "o128s3q2g16"}  # written after session 15's device time ran out: not yet run
+NEW = {"o128s4q2g8", "o128s3q2g16", "o128s3q2g4"}  # D64 causal around the shipped o128s3q2g8 (session 16)
 # (B, H, Hkv, Nq, Nk, bnhd): ragged, Nq < Nk, Nq > Nk (rows with no key when causal), GQA, BNHD view, tiny
 CHECK_SHAPES = [
     (1, 3, 3, 77, 300, False),

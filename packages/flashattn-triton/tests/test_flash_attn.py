@@ -183,10 +183,11 @@ def test_decode_path_selected_and_correct(monkeypatch, nq, group, causal):
         _close(g, w, 4e-3, name)
 
 
-@pytest.mark.parametrize("atomic", [False, True])
+@pytest.mark.parametrize("atomic", [False, True, 2])
 @pytest.mark.parametrize("shape,causal", [((1, 4, 2, 45, 39, 24), True), ((2, 2, 1, 29, 53, 32), False)])
 def test_backward_dq_modes_match_reference(shape, causal, atomic):
-    """Separate dQ kernel vs dQ accumulated atomically by the dK/dV kernel: same gradients (incl. dLSE, GQA)."""
+    """Separate dQ kernel vs dQ accumulated atomically by the dK/dV kernel: same gradients (incl. dLSE, GQA).
+    2 (TMA reduce-add) has no interpreter form: on CPU it must fall back to the scalar atomics."""
     if select_backend(torch.device("cpu")) != Backend.INTERPRETER:
         pytest.skip("launcher test needs TRITON_INTERPRET=1")
     B, H, Hkv, Nq, Nk, D = shape
@@ -471,19 +472,28 @@ def test_gpu_decode_split_kv(L, nq):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "mode", ["split", "atomic", "tma", "tma-atomic", "tma-one-loop", "off64", "fused", "tma-fused", "lpt", "fused-lpt"]
+    "mode",
+    [
+        *("split", "atomic", "tma", "tma-atomic", "tma-one-loop", "off64", "fused", "tma-fused", "lpt", "fused-lpt"),
+        *("reduce", "tma-reduce", "tma-reduce-d80", "reduce-lpt"),
+    ],
 )
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_backward_dq_modes(monkeypatch, causal, mode):
+    """Every backward launch form vs an fp32 reference; "reduce": atomic dQ by one TMA reduce-add per tile
+    (DQ_ATOMIC 2; N = 1000 leaves a ragged last tile for the descriptor to clip, D80 clipped columns)."""
     torch.manual_seed(4)
     if mode == "off64":
         monkeypatch.setattr(F, "_OFF32_LIMIT", 0)
-    B, H, Hkv, N, D = 2, 8, 2, 1000, 128
+    B, H, Hkv, N, D = 2, 8, 2, 1000, 80 if "d80" in mode else 128
     q, k, v, do = (rand(B, h, N, D, dtype=torch.bfloat16, device="cuda") for h in (H, Hkv, Hkv, H))
     out, lse = F._forward_impl(q, k, v, causal, D**-0.5, force_decode=False)
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-    cfg = dict(F.get_config("bwd", q.device, D, causal, N, q.dtype), DQ_ATOMIC="atomic" in mode)
+    atomic = 2 if "reduce" in mode else int("atomic" in mode)
+    cfg = dict(F.get_config("bwd", q.device, D, causal, N, q.dtype), DQ_ATOMIC=atomic)
     cfg.update(TMA=int("tma" in mode), ONE_LOOP=int("one-loop" in mode), FUSED=int("fused" in mode))
+    if "reduce" in mode:  # the probe's tile for it
+        cfg.update(BLOCK_M1=64, BLOCK_N1=128, num_warps=8, num_stages=2)
     cfg["LPT"] = 3 if "lpt" in mode else 0  # 3 does not divide the head count: a partial last group
     F._backward_launch(do, q, k, v, out, lse, None, dq, dk, dv, causal, D**-0.5, cfg)
     ref32 = lambda *a: ref_attention(*a, dtype=torch.float32)

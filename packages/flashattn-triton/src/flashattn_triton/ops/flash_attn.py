@@ -597,12 +597,17 @@ def _bwd_dkdv_block(
         if DQ_ATOMIC:
             # this KV block's share of dQ (unscaled); rows past the end carry dS = 0 and are masked anyway
             dq = tl.dot(tl.trans(dst.to(k.dtype)), k, input_precision=DOT_PREC)
-            tl.atomic_add(
-                dqa_base + rows[:, None] * sqam + offs_d[None, :],
-                dq,
-                mask=m_ok[:, None] & d_ok[None, :],
-                sem="relaxed",
-            )
+            if DQ_ATOMIC == 2:
+                # one TMA reduce-add of the whole tile (the TMA unit adds it in L2; rows past N and
+                # columns past D are clipped by the descriptor) instead of BLOCK_M*BLOCK_D scalar atomics
+                dqa_base.atomic_add([b32, h32, start_m, 0], dq.reshape(1, 1, BLOCK_M, BLOCK_D))
+            else:
+                tl.atomic_add(
+                    dqa_base + rows[:, None] * sqam + offs_d[None, :],
+                    dq,
+                    mask=m_ok[:, None] & d_ok[None, :],
+                    sem="relaxed",
+                )
     return dk, dv
 
 
@@ -734,7 +739,10 @@ def _bwd_dkdv_program(
             do_base = DO + b64 * sdob + h * sdoh + q_start * sdom
         l_base = LSE + b64 * slb + h * slh + q_start
         d_base = DELTA + b64 * slb + h * slh + q_start
-        dqa_base = DQA + b64 * sqab + h * sqah + q_start * sqam
+        if DQ_ATOMIC == 2:  # DQA is a 4-D fp32 descriptor (never varlen), indexed by (b, h, row)
+            dqa_base = DQA
+        else:
+            dqa_base = DQA + b64 * sqab + h * sqah + q_start * sqam
         if CAUSAL and not ONE_LOOP:
             dk, dv = _bwd_dkdv_block(
                 dk,
@@ -1038,6 +1046,7 @@ def _bwd_kernel(
     DK,
     DV,
     DQ,
+    DQA,
     cu_q,
     cu_k,
     sqb,
@@ -1096,8 +1105,9 @@ def _bwd_kernel(
     they only read the preprocess's delta, so they can share one grid -- no kernel boundary, and the
     tail of one fills with programs of the other. The first N_FIRST program ids are dK/dV programs
     (DQ_FIRST: dQ programs), the rest the other kind. QD/DOD: the dK/dV loop's Q/dO (TMA descriptors
-    when TMA, else the Q/DO pointers). DQ: the dQ output, or with DQ_ATOMIC (PART 1) the fp32
-    accumulator the dK/dV programs add their dQ shares into."""
+    when TMA, else the Q/DO pointers). DQ: the dQ programs' output. DQA: with DQ_ATOMIC (PART 1) the fp32
+    accumulator the dK/dV programs add their dQ shares into (DQ_ATOMIC 2: its TMA descriptor), else unused.
+    DQ_ATOMIC 2 needs the separate argument: the dQ program is traced even where PART compiles it out."""
     pid = tl.program_id(0)
     if PART == 1:
         is_dq = False
@@ -1170,7 +1180,7 @@ def _bwd_kernel(
             DELTA,
             DK,
             DV,
-            DQ,  # DQA: the fp32 dQ accumulator with DQ_ATOMIC, else unused
+            DQA,
             cu_q,
             cu_k,
             sqb,
@@ -1279,9 +1289,10 @@ def candidate_configs(kernel: str, head_dim: int, dtype: torch.dtype) -> list[di
             for m, n, w, st in space
             if not (big and (n > 64 or st > 2))
         ]
-        # atomic dQ (dK/dV kernel accumulates dQ in fp32): fewer GEMMs, more registers -> 8 warps only
+        # atomic dQ (dK/dV kernel accumulates dQ in fp32): fewer GEMMs, more registers -> 8 warps only;
+        # 2 = one TMA reduce-add per tile on Hopper (the scalar atomics elsewhere)
         atomic = [
-            dict(BLOCK_M1=m, BLOCK_N1=n, BLOCK_M2=n, BLOCK_N2=m, num_warps=8, num_stages=st, DQ_ATOMIC=True)
+            dict(BLOCK_M1=m, BLOCK_N1=n, BLOCK_M2=n, BLOCK_N2=m, num_warps=8, num_stages=st, DQ_ATOMIC=2)
             for m, n, st in ((32, 128, 3), (64, 64, 3), (64, 128, 2))
             if not big
         ]
@@ -1640,8 +1651,13 @@ def _backward_launch(
     group = H // Hkv
     bd = _block_d(D)
     delta = torch.empty_like(lse)
-    # atomic dQ: the dK/dV kernel also accumulates dQ in fp32 (cleared by the preprocess, cast at the end)
-    dq_atomic = bool(cfg.get("DQ_ATOMIC", False))
+    # atomic dQ: the dK/dV kernel also accumulates dQ in fp32 (cleared by the preprocess, cast at the end);
+    # DQ_ATOMIC 1: scalar atomics, 2: one TMA reduce-add per tile (Hopper, not varlen; else 1)
+    dq_atomic = int(cfg.get("DQ_ATOMIC", 0))
+    if dq_atomic == 2 and (varlen or _TensorDescriptor is None or q.device.type != "cuda"):
+        dq_atomic = 1  # the interpreter has no descriptor reduce either
+    if dq_atomic == 2 and torch.cuda.get_device_capability(q.device)[0] < 9:
+        dq_atomic = 1  # no TMA before Hopper
     dqa = torch.empty(q.shape, device=q.device, dtype=torch.float32) if dq_atomic else dq
     pre_bm = 64
     num_pre = triton.cdiv(Nq, pre_bm)
@@ -1664,7 +1680,7 @@ def _backward_launch(
         BLOCK_D=bd,
         VARLEN=varlen,
         HAS_DLSE=dlse is not None,
-        ZERO_DQ=dq_atomic,
+        ZERO_DQ=bool(dq_atomic),
     )
     prec = _dot_prec(q.dtype)
     bm1 = cfg["BLOCK_M1"]
@@ -1692,6 +1708,9 @@ def _backward_launch(
 
     def run(part, grid, dqt, n_first=0, opts=opts1):
         # one launch of _bwd_kernel: PART 1 dK/dV programs, 2 dQ programs, 0 both (FUSED)
+        dqa_arg = dqt
+        if dq_atomic == 2:  # the accumulator as a descriptor over its (B, H, Nq, D) tiles
+            dqa_arg = _tile_desc(dqt, bm1, bd)
         _bwd_kernel[(grid,)](
             q,
             k,
@@ -1704,6 +1723,7 @@ def _backward_launch(
             dk,
             dv,
             dqt,
+            dqa_arg,
             cu_q,
             cu_k,
             *st(q),
