@@ -28,7 +28,16 @@ try:  # host-side TMA descriptors (Triton >= 3.4); without them decode/backward 
 except ImportError:  # pragma: no cover
     _TensorDescriptor = None
 
-from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend, use_registered_op
+from .._common import (
+    Backend,
+    TuningTable,
+    arch_key,
+    capability,
+    check_same_device,
+    check_tensor,
+    select_backend,
+    use_registered_op,
+)
 from .._common.device import num_sms
 from . import _fwd_sm90
 
@@ -1519,7 +1528,7 @@ def _tma_ok(*tensors: torch.Tensor) -> bool:
     for t in tensors:
         if t.dtype not in (torch.float16, torch.bfloat16) or t.dim() != 4 or t.stride(3) != 1 or t.data_ptr() % 16:
             return False
-        if t.device.type == "cuda" and torch.cuda.get_device_capability(t.device)[0] < 9:
+        if t.device.type == "cuda" and capability(t.device)[0] < 9:
             return False  # no TMA before Hopper
         if any((st * t.element_size()) % 16 for st in t.stride()[:3]):
             return False
@@ -1656,7 +1665,7 @@ def _backward_launch(
     dq_atomic = int(cfg.get("DQ_ATOMIC", 0))
     if dq_atomic == 2 and (varlen or _TensorDescriptor is None or q.device.type != "cuda"):
         dq_atomic = 1  # the interpreter has no descriptor reduce either
-    if dq_atomic == 2 and torch.cuda.get_device_capability(q.device)[0] < 9:
+    if dq_atomic == 2 and capability(q.device)[0] < 9:
         dq_atomic = 1  # no TMA before Hopper
     dqa = torch.empty(q.shape, device=q.device, dtype=torch.float32) if dq_atomic else dq
     pre_bm = 64
