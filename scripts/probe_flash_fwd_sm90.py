@@ -84,6 +84,17 @@ VARIANTS = {  # name -> SM90 config keys (C3 = three consumer warpgroups, np = o
     "o128s4q2g8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_Q2=1, SM90_OTMA=1, SM90_LPT=8),
     "o128s3q2g16": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_Q2=1, SM90_OTMA=1, SM90_LPT=16),
     "o128s3q2g4": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_Q2=1, SM90_OTMA=1, SM90_LPT=4),
+    # session 17, causal: each consumer warpgroup runs only its own rows' key blocks, the last at half width
+    "h128s3q2g8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_Q2=1, SM90_OTMA=1, SM90_LPT=8, SM90_HALF=1),
+    "h128s3q2g4": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_Q2=1, SM90_OTMA=1, SM90_LPT=4, SM90_HALF=1),
+    "h3c128s4q2g8": dict(
+        SM90=1, SM90_BLOCK_N=128, SM90_STAGES=4, SM90_CONS=3, SM90_Q2=1, SM90_OTMA=1, SM90_LPT=8, SM90_HALF=1
+    ),
+    "h128k2s3q2g8": dict(
+        SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_KSTAGES=2, SM90_Q2=1, SM90_OTMA=1, SM90_LPT=8, SM90_HALF=1
+    ),
+    "h128k2s3q2": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_KSTAGES=2, SM90_Q2=1, SM90_OTMA=1, SM90_HALF=1),
+    "nh128s3g8": dict(SM90=1, SM90_BLOCK_N=128, SM90_STAGES=3, SM90_PERSIST=0, SM90_LPT=8, SM90_HALF=1),
 }
 DIMS = {"p3c64s4": (128,), "p128s4": (64,), "np128s4": (64,), "p3c128s4": (64,)}  # D128: shared memory
 DIMS.update({n: (64,) for n in ("np128s4g8", "np128s4g32", "p128s4pp", "p3c128s4pp", "np128s4ppg8")})
@@ -91,7 +102,11 @@ DIMS.update({n: (64,) for n in ("p3c128s4g8", "np3c128s4g8", "p128s4q2", "p3c128
 DIMS.update({n: (128,) for n in ("o128k2s3q2", "o128k2s3q2g8")})
 DIMS.update({n: (64,) for n in ("p128s3q2g8", "o128s4q2", "o3c128s4q2", "o128s3q2g8", "o128s4q2g8", "o128s3q2g16")})
 DIMS["o128s3q2g4"] = (64,)
-CAUSAL_ONLY = {n for n, c in VARIANTS.items() if c.get("SM90_LPT")} | {"np64s6"}  # LPT: causal tiles only
+DIMS.update({n: (64,) for n in ("h128s3q2g8", "h128s3q2g4", "h3c128s4q2g8")})
+DIMS.update({n: (128,) for n in ("h128k2s3q2g8", "h128k2s3q2")})
+CAUSAL_ONLY = {n for n, c in VARIANTS.items() if c.get("SM90_LPT") or c.get("SM90_HALF")} | {
+    "np64s6"
+}  # LPT: causal tiles only
 # --check new: the variants added last. Session 7 (2026-12-01) also probed a consumer that software-pipelines
 # tiles across their boundary (next tile's S(0) issued behind the last P V, optional second Q buffer): its best
 # variant 1-14% slower than the shipped tables at N 1k-4k, and wrong on a ragged shape; not kept (see
@@ -99,13 +114,14 @@ CAUSAL_ONLY = {n for n, c in VARIANTS.items() if c.get("SM90_LPT")} | {"np64s6"}
 # exp2 measured with --overlay SM90_EXP_POLY=n (h200-probe_fwd_sm90-exppoly.*). Session 15 measured a branch-free
 # form (the previous tile's last P V issued behind the next tile's first QK^T, under its softmax; two Q buffers):
 # 2-8% slower than the same config without it at D128 full, worse elsewhere (h200-probe_fwd_sm90-s15-xt.*).
-NEW = {"o128s4q2g8", "o128s3q2g16", "o128s3q2g4"}  # D64 causal around the shipped o128s3q2g8 (session 16)
+NEW = {n for n, c in VARIANTS.items() if c.get("SM90_HALF")}  # session 17: per-warpgroup key blocks, half last block
 # (B, H, Hkv, Nq, Nk, bnhd): ragged, Nq < Nk, Nq > Nk (rows with no key when causal), GQA, BNHD view, tiny
 CHECK_SHAPES = [
     (1, 3, 3, 77, 300, False),
     (1, 2, 2, 300, 77, False),
     (4, 16, 4, 513, 513, False),  # 320 tiles: several per CTA
     (1, 4, 1, 129, 1100, True),
+    (2, 4, 2, 700, 764, False),  # Nk - Nq = 64: a warpgroup's last block is a whole one fewer, or a half one
     (1, 2, 2, 1, 1, False),
 ]
 

@@ -190,7 +190,7 @@ if HAS_GLUON:
                   sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale, desc_o,
                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                   NUM_CONS: gl.constexpr, PP: gl.constexpr, WG: gl.constexpr, QBUF: gl.constexpr,
-                  KSTAGES: gl.constexpr, OTMA: gl.constexpr):  # fmt: skip
+                  KSTAGES: gl.constexpr, OTMA: gl.constexpr, HALF: gl.constexpr):  # fmt: skip
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
@@ -201,7 +201,14 @@ if HAS_GLUON:
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         s_zero = gl.zeros([_WG_M, BLOCK_N], gl.float32, layout=s_layout)
+        HALF_N: gl.constexpr = BLOCK_N // 2
+        if HALF:  # the score tile of a half key block (see the tail below)
+            h_layout: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF_N, 16]
+            )
+            h_zero = gl.zeros([_WG_M, HALF_N], gl.float32, layout=h_layout)
         diag = Nk - Nq
+        full_k = Nk // BLOCK_N
         it = 0  # key blocks consumed so far: the producer's ring position
         tc = 0
         g = 0  # wgmma issue groups so far (ping-pong turns; n_blocks + 1 per tile in every warpgroup)
@@ -215,6 +222,21 @@ if HAS_GLUON:
             qb = tc % QBUF
             mbarrier.wait(q_bar.index(qb), (tc // QBUF) & 1)
             q = q_smem.index(qb * NUM_CONS + WG).reshape([_WG_M, HEAD_DIM])
+            if HALF:
+                # causal: this warpgroup's 64 rows see keys [0, hi_w), often fewer blocks than the tile's (the
+                # three-consumer tile, Nk - Nq not a block multiple) and often only the first half of the last
+                # one (BLOCK_N = 128 = the two-consumer tile: warpgroup 0 on the diagonal). It computes n_run
+                # full blocks, then that half block by a BLOCK_N / 2 wide QK^T and P V, and only waits for and
+                # releases the tile's remaining blocks (the other warpgroups need them). A half first block
+                # keeps the full-width path (the prologue needs one full block).
+                hi_w = gl.minimum(row0 + _WG_M + diag, Nk)
+                nb_w = gl.maximum(gl.cdiv(hi_w, BLOCK_N), 1)
+                half = (nb_w > 1) & (hi_w - (nb_w - 1) * BLOCK_N <= HALF_N)
+                n_run = nb_w - half.to(gl.int32)
+                n_fw = gl.minimum(gl.maximum((row0 + diag + 1) // BLOCK_N, 0), full_k)  # unmasked for all 64 rows
+            else:
+                n_run = n_blocks
+                n_fw = n_full
 
             # prologue: S(0) and its softmax
             s0 = it % KSTAGES
@@ -232,7 +254,7 @@ if HAS_GLUON:
                 tma.store_wait(0)
                 if tc > 0:
                     _release(q_empty.index((tc - 1) % QBUF))
-            if n_full > 0:
+            if n_fw > 0:
                 p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, row, 0, Nk, diag, qk_scale, False, CAUSAL,
                                                    BLOCK_N, s_layout, o_layout, dtype)  # fmt: skip
             else:
@@ -240,7 +262,7 @@ if HAS_GLUON:
                                                    BLOCK_N, s_layout, o_layout, dtype)  # fmt: skip
 
             # steady state: issue S(i), then O += P(i-1) V(i-1); softmax(i) overlaps the P V wgmma
-            for i in range(1, n_blocks):
+            for i in range(1, n_run):
                 sc = (it + i) % KSTAGES
                 sp = (it + i - 1) % STAGES
                 mbarrier.wait(k_bar.index(sc), ((it + i) // KSTAGES) & 1)
@@ -261,7 +283,7 @@ if HAS_GLUON:
                     acc_tok = warpgroup_mma(p, vp, acc, is_async=True)
                 s_cur = warpgroup_mma_wait(1, deps=[s_tok, q, ki])[0]
                 _release(k_empty.index(sc))
-                if i < n_full:
+                if i < n_fw:
                     p, alpha, m_i, l_i = _softmax_step(s_cur, m_i, l_i, row, i * BLOCK_N, Nk, diag, qk_scale,
                                                        False, CAUSAL, BLOCK_N, s_layout, o_layout, dtype)  # fmt: skip
                 else:
@@ -269,20 +291,71 @@ if HAS_GLUON:
                                                        True, CAUSAL, BLOCK_N, s_layout, o_layout, dtype)  # fmt: skip
                 acc = warpgroup_mma_wait(0, deps=[acc_tok, vp])[0]
                 _release(v_empty.index(sp))
-            if not OTMA:  # every S wgmma of this tile is done: the producer may load the next tile's Q
-                _release(q_empty.index(qb))
+            if HALF:
+                if half:
+                    # S of the half block under the last full block's P V, its softmax, then its own P V
+                    j = n_run
+                    sc = (it + j) % KSTAGES
+                    sp = (it + j - 1) % STAGES
+                    mbarrier.wait(k_bar.index(sc), ((it + j) // KSTAGES) & 1)
+                    kh = k_smem.index(sc).reshape([BLOCK_N, HEAD_DIM]).slice(0, HALF_N).permute((1, 0))
+                    vp = v_smem.index(sp).reshape([BLOCK_N, HEAD_DIM])
+                    hs_tok = warpgroup_mma(q, kh, h_zero, use_acc=False, is_async=True)
+                    mbarrier.wait(v_bar.index(sp), ((it + j - 1) // STAGES) & 1)
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                    ha_tok = warpgroup_mma(p, vp, acc, is_async=True)
+                    s_h = warpgroup_mma_wait(1, deps=[hs_tok, q, kh])[0]
+                    _release(k_empty.index(sc))
+                    # the row vectors' layout differs from the full tile's in name only (same rows per thread)
+                    row_h: gl.constexpr = gl.SliceLayout(1, h_layout)
+                    p_h, alpha_h, m_h, l_h = _softmax_step(s_h, gl.convert_layout(m_i, row_h), gl.convert_layout(l_i, row_h),
+                                                         gl.convert_layout(row, row_h), j * BLOCK_N, Nk, diag, qk_scale,
+                                                         True, CAUSAL, HALF_N, h_layout, o_layout, dtype)  # fmt: skip
+                    m_i = gl.convert_layout(m_h, row_s)
+                    l_i = gl.convert_layout(l_h, row_s)
+                    acc = warpgroup_mma_wait(0, deps=[ha_tok, vp])[0]
+                    _release(v_empty.index(sp))
+                    sl = (it + j) % STAGES
+                    mbarrier.wait(v_bar.index(sl), ((it + j) // STAGES) & 1)
+                    vh = v_smem.index(sl).reshape([BLOCK_N, HEAD_DIM]).slice(0, HALF_N)
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha_h, row_o), 1)
+                    ha_tok = warpgroup_mma(p_h, vh, acc, is_async=True)
+                    acc = warpgroup_mma_wait(0, deps=[ha_tok, vh])[0]
+                    _release(v_empty.index(sl))
+                else:
+                    sl = (it + n_run - 1) % STAGES
+                    mbarrier.wait(v_bar.index(sl), ((it + n_run - 1) // STAGES) & 1)
+                    vl = v_smem.index(sl).reshape([BLOCK_N, HEAD_DIM])
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                    acc_tok = warpgroup_mma(p, vl, acc, is_async=True)
+                    acc = warpgroup_mma_wait(0, deps=[acc_tok, vl])[0]
+                    _release(v_empty.index(sl))
+                # blocks only the other warpgroups see: wait for each load (so the producer's next expect on the
+                # slot starts a fresh phase) and free it
+                for j2 in range(n_run + half.to(gl.int32), n_blocks):
+                    sk = (it + j2) % KSTAGES
+                    mbarrier.wait(k_bar.index(sk), ((it + j2) // KSTAGES) & 1)
+                    _release(k_empty.index(sk))
+                    sv = (it + j2) % STAGES
+                    mbarrier.wait(v_bar.index(sv), ((it + j2) // STAGES) & 1)
+                    _release(v_empty.index(sv))
+                if not OTMA:
+                    _release(q_empty.index(qb))
+            else:
+                if not OTMA:  # every S wgmma of this tile is done: the producer may load the next tile's Q
+                    _release(q_empty.index(qb))
 
-            # epilogue: the last P V, then O and LSE (the producer is already streaming the next tile)
-            sl = (it + n_blocks - 1) % STAGES
-            mbarrier.wait(v_bar.index(sl), ((it + n_blocks - 1) // STAGES) & 1)
-            vl = v_smem.index(sl).reshape([BLOCK_N, HEAD_DIM])
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-            _turn_wait(turn, g, PP, WG)
-            acc_tok = warpgroup_mma(p, vl, acc, is_async=True)
-            _turn_pass(turn, PP, WG, NUM_CONS)
-            g += 1
-            acc = warpgroup_mma_wait(0, deps=[acc_tok, vl])[0]
-            _release(v_empty.index(sl))
+                # epilogue: the last P V, then O and LSE (the producer is already streaming the next tile)
+                sl = (it + n_blocks - 1) % STAGES
+                mbarrier.wait(v_bar.index(sl), ((it + n_blocks - 1) // STAGES) & 1)
+                vl = v_smem.index(sl).reshape([BLOCK_N, HEAD_DIM])
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                _turn_wait(turn, g, PP, WG)
+                acc_tok = warpgroup_mma(p, vl, acc, is_async=True)
+                _turn_pass(turn, PP, WG, NUM_CONS)
+                g += 1
+                acc = warpgroup_mma_wait(0, deps=[acc_tok, vl])[0]
+                _release(v_empty.index(sl))
             it += n_blocks
             tc += 1
 
@@ -312,7 +385,7 @@ if HAS_GLUON:
                               n_tiles, lpt_g, qk_scale, desc_o, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                               STAGES: gl.constexpr, CAUSAL: gl.constexpr, NUM_CONS: gl.constexpr,
                               CONS_REGS: gl.constexpr, PP: gl.constexpr, QBUF: gl.constexpr,
-                              KSTAGES: gl.constexpr, OTMA: gl.constexpr):  # fmt: skip
+                              KSTAGES: gl.constexpr, OTMA: gl.constexpr, HALF: gl.constexpr = False):  # fmt: skip
         # persistent: each CTA walks tiles pid, pid + grid, ...; the producer runs ahead into the next tile
         dtype: gl.constexpr = desc_q.dtype
         q_smem = gl.allocate_shared_memory(dtype, [QBUF * NUM_CONS] + desc_q.block_type.shape, desc_q.layout)
@@ -349,10 +422,10 @@ if HAS_GLUON:
                 [
                     (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O,
                                  LSE, sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
-                                 desc_o, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 0, QBUF, KSTAGES, OTMA)),
+                                 desc_o, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 0, QBUF, KSTAGES, OTMA, HALF)),
                     (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O,
                                  LSE, sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
-                                 desc_o, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 1, QBUF, KSTAGES, OTMA)),
+                                 desc_o, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 1, QBUF, KSTAGES, OTMA, HALF)),
                     (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar,
                                  k_empty, v_empty, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, NUM_CONS, STAGES, BLOCK_N,
                                  CAUSAL, QBUF, KSTAGES)),
@@ -365,13 +438,13 @@ if HAS_GLUON:
                 [
                     (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O,
                                  LSE, sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
-                                 desc_o, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 0, QBUF, KSTAGES, OTMA)),
+                                 desc_o, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 0, QBUF, KSTAGES, OTMA, HALF)),
                     (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O,
                                  LSE, sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
-                                 desc_o, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 1, QBUF, KSTAGES, OTMA)),
+                                 desc_o, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 1, QBUF, KSTAGES, OTMA, HALF)),
                     (_consumer, (q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar, k_empty, v_empty, turn, O,
                                  LSE, sob, soh, som, slb, slh, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, qk_scale,
-                                 desc_o, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 2, QBUF, KSTAGES, OTMA)),
+                                 desc_o, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, NUM_CONS, PP, 2, QBUF, KSTAGES, OTMA, HALF)),
                     (_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_bar, v_bar,
                                  k_empty, v_empty, n_tiles, lpt_g, NUM_M, H, GROUP, Nq, Nk, NUM_CONS, STAGES, BLOCK_N,
                                  CAUSAL, QBUF, KSTAGES)),
@@ -416,10 +489,14 @@ class _Plan:
             # the O store through the consumed Q buffer needs the second one (the producer refills a buffer only
             # after the next tile's prologue) and TMA-legal strides for out; otherwise the register stores
             OTMA=bool(cfg.get("SM90_OTMA", 0)) and _tma_ok(out),
+            # causal only: each warpgroup runs just the key blocks its own rows see, the last one at half width
+            HALF=bool(cfg.get("SM90_HALF", 0)) and bool(causal),
             num_warps=4,
         )
         if self.kw["OTMA"] and self.kw["QBUF"] != 2:
             raise ValueError("SM90_OTMA needs SM90_Q2: with one Q buffer the next tile's Q would wait for this O store")
+        if self.kw["HALF"] and self.kw["PP"]:
+            raise ValueError("SM90_HALF does not combine with SM90_PP: the warpgroups' wgmma turns would differ")
         self.dl = direct.Direct()
 
 
@@ -450,6 +527,7 @@ _CFG_KEYS = (
     "SM90_Q2",
     "SM90_KSTAGES",
     "SM90_OTMA",
+    "SM90_HALF",
 )
 
 
@@ -463,7 +541,9 @@ def launch(q, k, v, out, lse, causal: bool, sm_scale: float, cfg: dict) -> None:
     warpgroups issue their wgmma in round-robin turns), SM90_Q2 (1: two Q buffers, so the next tile's Q is loaded
     while this tile runs; at D128 only with SM90_KSTAGES 2), SM90_KSTAGES (K ring depth, default SM90_STAGES: K is
     released after its QK^T, V only after its P V, so K can do with fewer slots), SM90_OTMA (1, with SM90_Q2: O is
-    staged in the tile's consumed Q buffer and written by one TMA store instead of 32-64 register stores a thread)."""
+    staged in the tile's consumed Q buffer and written by one TMA store instead of 32-64 register stores a thread),
+    SM90_HALF (1, causal, not with SM90_PP: a consumer warpgroup skips the key blocks none of its rows see and runs a
+    last block its rows see only the first half of at half width; ``_consumer``)."""
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), out.stride(), out.data_ptr() % 16 == 0,
            lse.stride(), q.dtype, q.device, bool(causal), *(cfg.get(c) for c in _CFG_KEYS))  # fmt: skip
     plan = _PLANS.get(key)
