@@ -637,6 +637,7 @@ def test_gpu_sm90_forward_two_q_buffers(B, H, Hkv, nq, nk, bnhd, D, cons, lpt, d
     "D,cons,lpt,persist,stages,kst,dtype",
     [
         (64, 2, 8, 1, 3, 3, torch.bfloat16),
+        (64, 2, 4, 1, 3, 3, torch.float16),  # the shipped D64 causal entry up to N = 2048
         (64, 3, 8, 1, 4, 4, torch.float16),
         (64, 2, 0, 0, 3, 3, torch.float16),
         (128, 2, 8, 1, 3, 2, torch.bfloat16),
