@@ -9,6 +9,7 @@ N4k full, N1k full. Knobs (config keys of _backward_launch; absent = shipped beh
   num_warps2/num_stages2, BLOCK_M2/BLOCK_N2   the dQ kernel's own warps/stages/tiles (decoupled from dK/dV)
   maxnreg/maxnreg2   ptxas register cap of the dK/dV (or fused) / dQ launch
   --set dqtma        DQ_ATOMIC 2 (dQ by one TMA reduce-add per tile, no dQ kernel) vs scalar atomics (1)
+  --set c16k         N16k causal only: TMA loads, with and without the fused launch
 Per group: (1) correctness of every variant (bf16 grads vs an fp32 reference, B=1 H=16 N=2048, same kernel
 specializations as the timed shapes; cached per (causal, config)) -- a failing variant is never timed;
 (2) shipped config first, then the variants, vs SDPA FLASH (FA2) and cuDNN backward (autograd.grad on a kept
@@ -98,6 +99,14 @@ DQTMA_SET = [
     ("a2-64x128-w8s3-tma", dict(BLOCK_M1=64, BLOCK_N1=128, num_warps=8, num_stages=3, TMA=1, DQ_ATOMIC=2)),
     ("a1-64x128-w8s2-tma", dict(BLOCK_M1=64, BLOCK_N1=128, num_warps=8, num_stages=2, TMA=1, DQ_ATOMIC=1)),
 ]
+# --set c16k: N16k causal only -- the TMA loads of the N16k full entry, whose dK/dV kernel Nsight Compute found
+# without spills where the shipped pointer-load causal one spills (session 17, h200-ncu_bwd-s17.txt)
+C16K_SET = [
+    ("tma", dict(TMA=1)),
+    ("tma-fused1", dict(TMA=1, FUSED=1)),
+    ("tma-fused2", dict(TMA=1, FUSED=2)),
+    ("tma-fused1-lpt4", dict(TMA=1, FUSED=1, LPT=4)),
+]
 VARIANT_SET = "tiles"
 
 
@@ -106,9 +115,9 @@ def variants_for(shipped: dict, causal: bool, n: int, gpu: bool) -> dict:
     if not gpu:
         base = dict(BLOCK_M1=16, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=16, num_warps=4, num_stages=1, TMA=int(causal))
         table = DRY_VARIANTS if VARIANT_SET != "lpt" else LPT_SET[:2]
-    elif VARIANT_SET == "lpt":
+    elif VARIANT_SET in ("lpt", "c16k"):
         out = {"shipped": base}
-        out.update((name, dict(base, **over)) for name, over in LPT_SET)
+        out.update((name, dict(base, **over)) for name, over in (LPT_SET if VARIANT_SET == "lpt" else C16K_SET))
         return out
     elif VARIANT_SET == "dqtma":
         out = {"shipped": base}
@@ -171,8 +180,8 @@ def main() -> None:
     ap.add_argument(
         "--set",
         default="tiles",
-        choices=("tiles", "lpt", "dqtma"),
-        help="variant set (lpt: causal order; dqtma: TMA-reduce atomic dQ)",
+        choices=("tiles", "lpt", "dqtma", "c16k"),
+        help="variant set (lpt: causal order; dqtma: TMA-reduce atomic dQ; c16k: TMA loads at N16k causal)",
     )
     args = ap.parse_args()
     out_dir, gpu, dev, dt, budget, res = setup(args)
@@ -184,6 +193,8 @@ def main() -> None:
     groups = GROUPS if gpu else [(False, 64, 0.5), (True, 32, 1.0)]
     if args.set == "lpt":  # the order only matters where causal blocks differ in work
         groups = [g for g in groups if g[0]]
+    if args.set == "c16k" and gpu:
+        groups = [(True, 16384, 1.0)]
     # ---- parallel compile phase: every (causal, config) of every group, in priority order ----
     tasks = []
     for causal, N, _ in groups:
