@@ -10,6 +10,7 @@ N4k full, N1k full. Knobs (config keys of _backward_launch; absent = shipped beh
   maxnreg/maxnreg2   ptxas register cap of the dK/dV (or fused) / dQ launch
   --set dqtma        DQ_ATOMIC 2 (dQ by one TMA reduce-add per tile, no dQ kernel) vs scalar atomics (1)
   --set c16k         N16k causal only: TMA loads, with and without the fused launch
+  --set dkdv         SM90_DKDV: dK/dV from the warp-specialized Gluon kernel, dQ from the PART 2 launch
 Per group: (1) correctness of every variant (bf16 grads vs an fp32 reference, B=1 H=16 N=2048, same kernel
 specializations as the timed shapes; cached per (causal, config)) -- a failing variant is never timed;
 (2) shipped config first, then the variants, vs SDPA FLASH (FA2) and cuDNN backward (autograd.grad on a kept
@@ -107,6 +108,11 @@ C16K_SET = [
     ("tma-fused2", dict(TMA=1, FUSED=2)),
     ("tma-fused1-lpt4", dict(TMA=1, FUSED=1, LPT=4)),
 ]
+# --set dkdv: dK/dV from the warp-specialized Gluon kernel (ops/_bwd_sm90.py), dQ from the shipped PART 2 launch
+DKDV_SET = [
+    ("dkdv-s2", dict(SM90_DKDV=1, SM90_DKDV_STAGES=2)),
+    ("dkdv-s3", dict(SM90_DKDV=1, SM90_DKDV_STAGES=3)),
+]
 VARIANT_SET = "tiles"
 
 
@@ -115,9 +121,10 @@ def variants_for(shipped: dict, causal: bool, n: int, gpu: bool) -> dict:
     if not gpu:
         base = dict(BLOCK_M1=16, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=16, num_warps=4, num_stages=1, TMA=int(causal))
         table = DRY_VARIANTS if VARIANT_SET != "lpt" else LPT_SET[:2]
-    elif VARIANT_SET in ("lpt", "c16k"):
+    elif VARIANT_SET in ("lpt", "c16k", "dkdv"):
         out = {"shipped": base}
-        out.update((name, dict(base, **over)) for name, over in (LPT_SET if VARIANT_SET == "lpt" else C16K_SET))
+        sets = dict(lpt=LPT_SET, c16k=C16K_SET, dkdv=DKDV_SET)
+        out.update((name, dict(base, **over)) for name, over in sets[VARIANT_SET])
         return out
     elif VARIANT_SET == "dqtma":
         out = {"shipped": base}
@@ -180,8 +187,9 @@ def main() -> None:
     ap.add_argument(
         "--set",
         default="tiles",
-        choices=("tiles", "lpt", "dqtma", "c16k"),
-        help="variant set (lpt: causal order; dqtma: TMA-reduce atomic dQ; c16k: TMA loads at N16k causal)",
+        choices=("tiles", "lpt", "dqtma", "c16k", "dkdv"),
+        help="variant set (lpt: causal order; dqtma: TMA-reduce atomic dQ; c16k: TMA loads at N16k causal; "
+        "dkdv: the Gluon dK/dV kernel)",
     )
     args = ap.parse_args()
     out_dir, gpu, dev, dt, budget, res = setup(args)

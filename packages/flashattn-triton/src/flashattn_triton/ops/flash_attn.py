@@ -39,7 +39,7 @@ from .._common import (
     use_registered_op,
 )
 from .._common.device import num_sms
-from . import _fwd_sm90
+from . import _bwd_sm90, _fwd_sm90
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -1711,6 +1711,10 @@ def _backward_launch(
     if cfg.get("maxnreg"):
         opts1["maxnreg"] = int(cfg["maxnreg"])
     fused = int(cfg.get("FUSED", 0)) if not dq_atomic else 0
+    # SM90_DKDV (Hopper, dense, split dQ): dK/dV from the warp-specialized Gluon kernel, dQ from PART 2 below
+    sm90_dkdv = bool(cfg.get("SM90_DKDV", 0)) and not varlen and not dq_atomic and _bwd_sm90.eligible(q, k, v, do)
+    if sm90_dkdv:
+        fused = 0
     # LPT (causal): programs ordered block-major within groups of LPT (batch, head) pairs, see _lpt_pid
     lpt = int(cfg.get("LPT", 0)) if causal else 0
     n_dkdv, n_dq = num_n * B * Hkv, num_m * B * H
@@ -1775,7 +1779,10 @@ def _backward_launch(
     if fused:  # FUSED=1 (dK/dV programs first) or 2 (dQ programs first): one launch for both
         run(0, n_dkdv + n_dq, dq, n_first=n_dq if fused == 2 else n_dkdv)
         return
-    run(1, n_dkdv, dqa)
+    if sm90_dkdv:
+        _bwd_sm90.launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal, sm_scale, cfg)
+    else:
+        run(1, n_dkdv, dqa)
     if dq_atomic:
         _bwd_dq_convert_kernel[(num_pre * B * H,)](
             dqa,
