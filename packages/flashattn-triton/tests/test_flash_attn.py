@@ -229,13 +229,14 @@ def test_backward_dkdv_load_paths(monkeypatch, mode):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(
-    "mode", ["fused", "fused-dq-first", "fused-tma-one-loop", "split-knobs", "split-lpt", "fused-lpt"]
+    "mode", ["fused", "fused-dq-first", "fused-tma-one-loop", "split-knobs", "split-lpt", "fused-lpt", "fused-sm90dkdv"]
 )
 def test_backward_fused_and_split_knobs(mode, causal):
     """FUSED=1/2: dK/dV and dQ programs in one launch (either order, pointer or TMA Q/dO loads), and the
     split launch with its own dQ warps/stages and register caps (launch options the interpreter ignores);
     GQA, Nq != Nk, ragged blocks, dQ tiles decoupled from the dK/dV tiles, dLSE. LPT=3 (causal program
-    order) over B*H = 8 / B*Hkv = 4 pairs: full and partial groups; a lost block would stay NaN."""
+    order) over B*H = 8 / B*Hkv = 4 pairs: full and partial groups; a lost block would stay NaN. SM90_DKDV off
+    Hopper (here: CPU) keeps the portable launch it is set on."""
     if select_backend(torch.device("cpu")) != Backend.INTERPRETER:
         pytest.skip("launcher test needs TRITON_INTERPRET=1")
     B, H, Hkv, Nq, Nk, D = (2 if "lpt" in mode else 1), 4, 2, 37, 45, 24
@@ -251,6 +252,11 @@ def test_backward_fused_and_split_knobs(mode, causal):
         cfg.update(BLOCK_M2=16, num_warps2=8, num_stages2=2, maxnreg=128, maxnreg2=168)
     if "lpt" in mode:
         cfg["LPT"] = 3
+    if "sm90dkdv" in mode:
+        from flashattn_triton.ops import _bwd_sm90
+
+        cfg["SM90_DKDV"] = 1
+        assert not _bwd_sm90.eligible(q, k, v, do)
     assert "tma" not in mode or F._tma_ok(q, do)
     F._backward_launch(do, q, k, v, out, lse, dlse, dq, dk, dv, causal, D**-0.5, cfg)
     want = _grads(q, k, v, causal, do, dlse, impl=ref_attention)  # float64 autograd
@@ -806,15 +812,10 @@ _OFFLINE_FWD = [
 ]
 
 
-@pytest.mark.parametrize(  # every case without and with ping-pong turns, which the plan refuses with SM90_HALF
-    "D,bn,stages,cons,causal,max_spill,qbuf,kst,otma,half,pp",
-    [(*c, pp) for c in _OFFLINE_FWD for pp in (False, True) if not (c[-1] and pp)],
-)
-def test_sm90_kernel_compiles_offline_without_spills(D, bn, stages, cons, causal, max_spill, qbuf, kst, otma, half, pp):
-    """No GPU needed: the Gluon forward compiles for sm_90a with Triton's own ptxas, within the shared memory
-    of one H200 CTA and within a spill bound: none for two consumer warpgroups (the shipped configurations,
-    two Q buffers, the 2-deep K ring, the TMA-store epilogue); the three-consumer D64 kernels, at 160 registers
-    a warpgroup, spill loop scalars only (16 bytes non-causal, up to 64 causal; 160 with SM90_HALF)."""
+def _compile_gluon_offline(kernel, D: int, sig: dict, const: dict) -> int:
+    """Compile a Gluon kernel for sm_90a with Triton's own ptxas (no GPU needed): checks that it fits one H200
+    CTA's shared memory and uses setmaxnreg, wgmma and TMA; returns ptxas's spill-store bytes. ``sig`` names
+    descriptors by their block rows ("desc:64"); every ``const`` key becomes a constexpr."""
     import re
     import subprocess
     import tempfile
@@ -823,7 +824,7 @@ def test_sm90_kernel_compiles_offline_without_spills(D, bn, stages, cons, causal
     from flashattn_triton.ops import _fwd_sm90
 
     if not _fwd_sm90.HAS_GLUON:
-        pytest.skip(f"the Gluon forward targets Triton 3.6 (this is {triton.__version__}); tests_matrix covers 3.6")
+        pytest.skip(f"the Gluon kernels target Triton 3.6 (this is {triton.__version__}); tests_matrix covers 3.6")
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         pytest.skip("TRITON_INTERPRET=1 turns the kernel into interpreted functions: compile with TRITON_INTERPRET=0")
     from triton.backends.compiler import GPUTarget
@@ -835,11 +836,36 @@ def test_sm90_kernel_compiles_offline_without_spills(D, bn, stages, cons, causal
         layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gl.bfloat16)
         return f"tensordesc<bf16[1, 1, {rows}, {D}],{layout!r}>"
 
-    sig = {"desc_q": desc(64), "desc_k": desc(bn), "desc_v": desc(bn), "O": "*bf16", "LSE": "*fp32"}
+    sig = {n: desc(int(t[5:])) if t.startswith("desc:") else t for n, t in sig.items()}
+    sig.update({n: "constexpr" for n in const})
+    k = triton.compile(GluonASTSource(kernel, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    assert k.metadata.shared <= 232448  # one CTA per SM on the H200
+    ptx = k.asm["ptx"]
+    assert "setmaxnreg" in ptx and "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.ptx"
+        path.write_text(ptx)
+        cmd = [get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", str(path), "-o", str(Path(tmp) / "k.o")]
+        err = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    return int(re.search(r"(\d+) bytes spill stores", err).group(1))
+
+
+@pytest.mark.parametrize(  # every case without and with ping-pong turns, which the plan refuses with SM90_HALF
+    "D,bn,stages,cons,causal,max_spill,qbuf,kst,otma,half,pp",
+    [(*c, pp) for c in _OFFLINE_FWD for pp in (False, True) if not (c[-1] and pp)],
+)
+def test_sm90_kernel_compiles_offline_without_spills(D, bn, stages, cons, causal, max_spill, qbuf, kst, otma, half, pp):
+    """No GPU needed: the Gluon forward compiles for sm_90a with Triton's own ptxas, within the shared memory
+    of one H200 CTA and within a spill bound: none for two consumer warpgroups (the shipped configurations,
+    two Q buffers, the 2-deep K ring, the TMA-store epilogue); the three-consumer D64 kernels, at 160 registers
+    a warpgroup, spill loop scalars only (16 bytes non-causal, up to 64 causal; 160 with SM90_HALF)."""
+    from flashattn_triton.ops import _fwd_sm90
+
+    sig = {"desc_q": "desc:64", "desc_k": f"desc:{bn}", "desc_v": f"desc:{bn}", "O": "*bf16", "LSE": "*fp32"}
     sig.update({n: "i64" for n in ("sob", "soh", "som", "slb", "slh")})
     sig.update({n: "i32" for n in ("H", "GROUP", "Nq", "Nk", "NUM_M", "n_tiles", "lpt_g")})
     sig["qk_scale"] = "fp32"
-    sig["desc_o"] = desc(64)
+    sig["desc_o"] = "desc:64"
     const = dict(
         HEAD_DIM=D,
         BLOCK_N=bn,
@@ -853,15 +879,22 @@ def test_sm90_kernel_compiles_offline_without_spills(D, bn, stages, cons, causal
         OTMA=otma,
         HALF=half,
     )
-    sig.update({n: "constexpr" for n in const})
-    src = GluonASTSource(_fwd_sm90._attn_fwd_sm90_kernel, sig, const)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    assert k.metadata.shared <= 232448  # one CTA per SM on the H200
-    ptx = k.asm["ptx"]
-    assert "setmaxnreg" in ptx and "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "k.ptx"
-        path.write_text(ptx)
-        cmd = [get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", str(path), "-o", str(Path(tmp) / "k.o")]
-        err = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
-    assert int(re.search(r"(\d+) bytes spill stores", err).group(1)) <= max_spill, err
+    assert _compile_gluon_offline(_fwd_sm90._attn_fwd_sm90_kernel, D, sig, const) <= max_spill
+
+
+@pytest.mark.parametrize(  # measured on the H200 in session 17 with these spills (D128: 48 B causal, 16 B full)
+    "D,causal,stages,max_spill", [(128, True, 2, 48), (128, False, 2, 16), (128, True, 3, 48), (64, True, 2, 0)]
+)
+def test_sm90_dkdv_kernel_compiles_offline(D, causal, stages, max_spill):
+    """No GPU needed: the Gluon dK/dV kernel (SM90_DKDV) compiles for sm_90a within one CTA's shared memory,
+    its dK/dV accumulators and score tiles within the consumers' 240 registers up to a few spilled bytes (the
+    accumulators start at -LSE / scale and -delta so those row vectors do not stay live: 204 B spilled before)."""
+    from flashattn_triton.ops import _bwd_sm90
+
+    sig = {n: "desc:64" for n in ("desc_q", "desc_k", "desc_v", "desc_do")}
+    sig.update({"LSE": "*fp32", "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16"})
+    sig.update({n: "i64" for n in ("sdkb", "sdkh", "sdkn", "sdvb", "sdvh", "sdvn", "slb", "slh")})
+    sig.update({n: "i32" for n in ("NUM_N", "Hkv", "GROUP", "Nq", "Nk")})
+    sig.update({"sm_scale": "fp32", "qk2": "fp32"})
+    const = dict(HEAD_DIM=D, STAGES=stages, CAUSAL=causal)
+    assert _compile_gluon_offline(_bwd_sm90._bwd_dkdv_sm90_kernel, D, sig, const) <= max_spill

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .._common import capability
+from . import _fwd_sm90
 
 try:
     from triton.experimental import gluon
@@ -34,23 +34,14 @@ try:
 except ImportError:  # pragma: no cover - old Triton
     HAS_GLUON = False
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = _fwd_sm90.HEAD_DIMS
 WG_N = 64  # keys per consumer warpgroup
 BLOCK_M = 64  # query rows per streamed tile
 
 
-def _tma_ok(t: torch.Tensor) -> bool:
-    return (
-        t.stride(3) == 1 and t.data_ptr() % 16 == 0 and all((st * t.element_size()) % 16 == 0 for st in t.stride()[:3])
-    )
-
-
 def eligible(q, k, v, do) -> bool:
-    if not HAS_GLUON or q.device.type != "cuda" or q.dim() != 4 or capability(q.device) != (9, 0):
-        return False
-    if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in HEAD_DIMS:
-        return False
-    return all(t.dtype == q.dtype and _tma_ok(t) for t in (q, k, v, do))
+    """The forward kernel's rules (SM90, fp16/bf16, D in HEAD_DIMS, TMA-legal q/k/v), and the same for dO."""
+    return HAS_GLUON and _fwd_sm90.eligible(q, k, v) and do.dtype == q.dtype and _fwd_sm90._tma_ok(do)
 
 
 if HAS_GLUON:
