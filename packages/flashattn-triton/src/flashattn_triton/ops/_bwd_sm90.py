@@ -89,10 +89,7 @@ if HAS_GLUON:
                 tma.async_copy_global_to_shared(desc_do, [b, h, m, 0], ready.index(s), do_smem.index(s))
                 it += 1
 
-    @gluon.jit
-    def _release(bar):
-        gl.thread_barrier()  # every warp of the warpgroup is past its wgmma wait before one thread frees the slot
-        mbarrier.arrive(bar)
+    _release = _fwd_sm90._release  # the forward's: the warpgroup's barrier, then one arrive
 
     @gluon.jit
     def _consumer(k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, LSE, DELTA, DK, DV, sdkb, sdkh, sdkn,
