@@ -812,10 +812,11 @@ _OFFLINE_FWD = [
 ]
 
 
-def _compile_gluon_offline(kernel, D: int, sig: dict, const: dict) -> int:
-    """Compile a Gluon kernel for sm_90a with Triton's own ptxas (no GPU needed): checks that it fits one H200
-    CTA's shared memory and uses setmaxnreg, wgmma and TMA; returns ptxas's spill-store bytes. ``sig`` names
-    descriptors by their block rows ("desc:64"); every ``const`` key becomes a constexpr."""
+def _compile_gluon_offline(mod, kernel: str, D: int, sig: dict, const: dict) -> int:
+    """Compile the Gluon kernel ``mod.<kernel>`` (defined only where Gluon is) for sm_90a with Triton's own
+    ptxas (no GPU needed): checks that it fits one H200 CTA's shared memory and uses setmaxnreg, wgmma and TMA;
+    returns ptxas's spill-store bytes. ``sig`` names descriptors by their block rows ("desc:64"); every
+    ``const`` key becomes a constexpr."""
     import re
     import subprocess
     import tempfile
@@ -838,7 +839,9 @@ def _compile_gluon_offline(kernel, D: int, sig: dict, const: dict) -> int:
 
     sig = {n: desc(int(t[5:])) if t.startswith("desc:") else t for n, t in sig.items()}
     sig.update({n: "constexpr" for n in const})
-    k = triton.compile(GluonASTSource(kernel, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    k = triton.compile(
+        GluonASTSource(getattr(mod, kernel), sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}
+    )
     assert k.metadata.shared <= 232448  # one CTA per SM on the H200
     ptx = k.asm["ptx"]
     assert "setmaxnreg" in ptx and "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
@@ -879,7 +882,7 @@ def test_sm90_kernel_compiles_offline_without_spills(D, bn, stages, cons, causal
         OTMA=otma,
         HALF=half,
     )
-    assert _compile_gluon_offline(_fwd_sm90._attn_fwd_sm90_kernel, D, sig, const) <= max_spill
+    assert _compile_gluon_offline(_fwd_sm90, "_attn_fwd_sm90_kernel", D, sig, const) <= max_spill
 
 
 @pytest.mark.parametrize(  # measured on the H200 in session 17 with these spills (D128: 48 B causal, 16 B full)
@@ -897,4 +900,4 @@ def test_sm90_dkdv_kernel_compiles_offline(D, causal, stages, max_spill):
     sig.update({n: "i32" for n in ("NUM_N", "Hkv", "GROUP", "Nq", "Nk")})
     sig.update({"sm_scale": "fp32", "qk2": "fp32"})
     const = dict(HEAD_DIM=D, STAGES=stages, CAUSAL=causal)
-    assert _compile_gluon_offline(_bwd_sm90._bwd_dkdv_sm90_kernel, D, sig, const) <= max_spill
+    assert _compile_gluon_offline(_bwd_sm90, "_bwd_dkdv_sm90_kernel", D, sig, const) <= max_spill
