@@ -1,8 +1,9 @@
 """Hopper (SM90) dK/dV kernel of the flash_attn backward, written in Gluon (experimental, ``"SM90_DKDV": 1``).
 
-Why: the portable ``_bwd_kernel``'s dK/dV program issues its four GEMMs per query tile back to back from one
-instruction stream, waiting for each wgmma group before the next softmax step, so its tensor pipe idles while the
-exponentials and dS run (Nsight Compute, session 17: 54% SM throughput at N = 16k causal, 255 registers and spills).
+Why: the portable ``_bwd_kernel``'s dK/dV program issues its four GEMMs per query tile from one instruction stream
+and waits for each wgmma group (Nsight Compute, session 17, N = 16k causal: 54% SM throughput, 255 registers,
+spills, the largest stall class the wgmma waits), so most likely its tensor pipe idles while the exponentials
+and dS run.
 This kernel is organised as FA3's backward:
 
 * a 1-warp producer partition loads the CTA's 128-key K/V block once and streams the (Q, dO) tiles of every query
