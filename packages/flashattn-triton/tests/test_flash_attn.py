@@ -295,10 +295,15 @@ def test_decode_tma_path_matches_pointer_path(monkeypatch, causal):
     _close_lse(lse, want_lse, 1e-5)
 
 
-def test_decode_num_splits_fills_the_gpu():
+def test_decode_num_splits_fills_whole_waves():
     dev = torch.device("cpu")
-    s = F.decode_num_splits(dev, 8, 32768, 64)
-    assert 8 * s >= 2 * F.num_sms(dev)
+    sms = F.num_sms(dev)
+    for bh in (1, 8, 64, 3 * sms + 1):
+        s = F.decode_num_splits(dev, bh, 1 << 20, 64)
+        assert s >= 1
+        # the most splits whose programs fit in two waves: one more would start a partial third wave
+        assert bh * s <= 2 * sms or s == 1
+        assert bh * (s + 1) > 2 * sms or s == 256
     assert F.decode_num_splits(dev, 8, 64, 64) == 1  # never split below one tile per split
 
 
