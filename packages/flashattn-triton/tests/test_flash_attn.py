@@ -527,7 +527,8 @@ def test_gpu_backward_dq_modes(monkeypatch, causal, mode):
 @pytest.mark.parametrize("stages", [2, 3])
 def test_gpu_sm90_backward_dkdv(B, H, Hkv, nq, nk, D, dtype, stages):
     """SM90_DKDV: dK/dV from the warp-specialized Gluon kernel (dQ from the portable program) vs an fp32
-    reference, gradients poisoned first, causal and not."""
+    reference, gradients poisoned first, causal and not; the causal pass also backpropagates through the LSE
+    (dlse folds into the delta the kernel reads)."""
     from flashattn_triton.ops import _bwd_sm90
 
     if torch.cuda.get_device_capability() != (9, 0):
@@ -540,9 +541,10 @@ def test_gpu_sm90_backward_dkdv(B, H, Hkv, nq, nk, D, dtype, stages):
         out, lse = F._forward_impl(q, k, v, causal, D**-0.5, force_decode=False)
         dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
         cfg = dict(F.get_config("bwd", q.device, D, causal, max(nq, nk), dtype), SM90_DKDV=1, SM90_DKDV_STAGES=stages)
-        F._backward_launch(do, q, k, v, out, lse, None, dq, dk, dv, causal, D**-0.5, cfg)
+        dlse = torch.randn(B, H, nq, device="cuda") if causal else None
+        F._backward_launch(do, q, k, v, out, lse, dlse, dq, dk, dv, causal, D**-0.5, cfg)
         ref32 = lambda *a: ref_attention(*a, dtype=torch.float32)
-        want = _grads(q.float(), k.float(), v.float(), causal, do.float(), impl=ref32)
+        want = _grads(q.float(), k.float(), v.float(), causal, do.float(), dlse, impl=ref32)
         for g, w in zip((dq, dk, dv), want):
             assert torch.isfinite(g).all()
             # relative to max(|ref|, 1): with one key the softmax is constant, so dQ and dK are exactly 0
