@@ -159,6 +159,7 @@ def _int8_gemm_kernel(
     AMAX_NCHUNK: tl.constexpr = 0,
     PF_LINES: tl.constexpr = 0,
     PDL_WAIT: tl.constexpr = False,
+    PDL_TRIGGER: tl.constexpr = 0,
     WS_I32: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
@@ -224,6 +225,8 @@ def _int8_gemm_kernel(
         tl.inline_asm_elementwise(
             "prefetch.global.L2 [$1]; // $0", "=r,l", [pf_ptrs], dtype=tl.int32, is_pure=False, pack=1
         )
+    if PDL_TRIGGER == 2:
+        gdc_launch_dependents()  # see _PDL_TRIGGER_DOC
     if PDL_WAIT:
         # Launched as a programmatic dependent of the activation quantizer: everything above only
         # reads the weight; A (and any global write) only after the quantizer's grid is done.
@@ -277,6 +280,8 @@ def _int8_gemm_kernel(
         acc = tl.dot(a, b, acc, out_dtype=tl.int32)
         a_ptrs += a_step
         b_ptrs += b_step
+    if PDL_TRIGGER == 1:
+        gdc_launch_dependents()
 
     if SPLIT_K == 1:
         _epilogue(
@@ -362,6 +367,7 @@ def _int8_gemv_kernel(
     DP4A: tl.constexpr = False,
     DP4A_ASM: tl.constexpr = False,
     PDL_WAIT: tl.constexpr = False,
+    PDL_TRIGGER: tl.constexpr = 0,
 ):
     """Decode GEMV (M = ROWS <= 16, K-major weight): bandwidth-bound, so CUDA cores, not tensor
     cores. Program (pid_n, pid_k) streams BLOCK_N weight rows x its K range in wide contiguous int8
@@ -386,8 +392,11 @@ def _int8_gemv_kernel(
     else:
         a_ptrs = a_ptr + (k_start + offs_k) * stride_ak
         a_step = BLOCK_K * stride_ak
+    if PDL_TRIGGER == 2:
+        gdc_launch_dependents()  # see _PDL_TRIGGER_DOC
     if PDL_WAIT:
-        # a programmatic dependent launch of the quantizer: x_q / sa only after its grid is done
+        # a programmatic dependent launch of the quantizer (or, fused-quant, of the previous kernel):
+        # x / x_q / sa only after its grid is done
         gdc_wait()
 
     if QUANT_A:
@@ -495,6 +504,8 @@ def _int8_gemv_kernel(
                 acc = tl.where(offs_m32[:, None] == m, acc + s[None, :], acc)
         b_ptrs += BLOCK_K
         a_ptrs += a_step
+    if PDL_TRIGGER == 1:
+        gdc_launch_dependents()
 
     if SPLIT_K == 1:
         _epilogue(
@@ -652,6 +663,7 @@ def _int8_gemm_swapab_kernel(
     SPLIT_K: tl.constexpr,
     FUSED_REDUCE: tl.constexpr,
     PDL_WAIT: tl.constexpr = False,
+    PDL_TRIGGER: tl.constexpr = 0,
     WS_I32: tl.constexpr = False,
 ):
     """Decode (M <= BLOCK_T tokens) as swap-AB: C^T (N, M) = W (N, K) . x^T, so the weight rows
@@ -670,6 +682,8 @@ def _int8_gemm_swapab_kernel(
     per_split = tl.cdiv(k_tiles, SPLIT_K)
     kt0 = pid_k * per_split
     kt1 = tl.minimum(kt0 + per_split, k_tiles)
+    if PDL_TRIGGER == 2:
+        gdc_launch_dependents()  # see _PDL_TRIGGER_DOC
     if PDL_WAIT:
         # Programmatic dependent of the quantizer: nothing is read or written before its grid is done
         # (the weight could stream earlier, but Triton's pipeliner owns the first TMA issues).
@@ -680,6 +694,8 @@ def _int8_gemm_swapab_kernel(
         w = w_desc.load([off_n, k])
         x = x_desc.load([0, k])
         acc = tl.dot(w, x.T, acc, out_dtype=tl.int32)
+    if PDL_TRIGGER == 1:
+        gdc_launch_dependents()
 
     offs_n32 = off_n + tl.arange(0, BLOCK_N)
     offs_t32 = tl.arange(0, BLOCK_T)
@@ -944,6 +960,18 @@ class _Plan:
 
 
 _PLANS: dict[tuple, _Plan] = {}
+
+
+# _PDL_TRIGGER_DOC. ``pdl`` of _launch: 0 = an ordinary launch; 1 = a programmatic dependent launch (PDL)
+# whose kernel waits (griddepcontrol.wait) before it touches x / x_q / sa or writes anything; 2 / 3 = the
+# same, and the kernel also lets the *next* PDL launch on the stream start (griddepcontrol.launch_dependents)
+# after its main loop (2) or at its start (3). A dependent so started still waits for this whole grid before
+# it reads anything, so the trigger only moves its launch and setup earlier (ops/linear.py PDL_CHAIN).
+def _pdl_trigger(pdl: int) -> int:
+    """PDL_TRIGGER of the kernels: 0 none, 1 after the main loop, 2 at the start."""
+    return max(0, int(pdl) - 1)
+
+
 _GEMV_MAX_M = 16  # "GEMV": 1 configs apply up to this M (larger M: the tensor-core kernel)
 _AMAX_CHUNK_MAX = 4096  # M == 1 fused quantization: absmax chunk (elements) per unrolled load
 _MAX_PLANS = 4096
@@ -1050,7 +1078,7 @@ def _make_plan(A, B, sa, sb, bias, out_dtype, cfg, quant_a, pdl, allow_fused=Tru
         k_per_split = _cdiv(_cdiv(K, bk), split_k) * bk
         kw["PF_LINES"] = triton.next_power_of_2(_cdiv(k_per_split, 128))
     if pdl and on_gpu:
-        kw.update(PDL_WAIT=True, launch_pdl=True)
+        kw.update(PDL_WAIT=True, launch_pdl=True, PDL_TRIGGER=_pdl_trigger(pdl))
     if split_k > 1 and split_k * M * N < 2**31:
         kw["WS_I32"] = True
     p.kw = kw
@@ -1109,8 +1137,8 @@ def _gemv_plan(p, A, B, cfg, M, N, K, bias, out_dtype, quant_a, on_gpu, allow_fu
         kw["WS_I32"] = True
     if cfg.get("DP4A", 0) and _dp4a_ok(A, B, K, bk, quant_a):
         kw.update(DP4A=True, DP4A_ASM=on_gpu)
-    if pdl and on_gpu and not quant_a and gdc_wait is not None:
-        kw.update(PDL_WAIT=True, launch_pdl=True)
+    if pdl and on_gpu and gdc_wait is not None:
+        kw.update(PDL_WAIT=True, launch_pdl=True, PDL_TRIGGER=_pdl_trigger(pdl))
     p.kw = kw
     p.reduce_grid = (_cdiv(M, 32), _cdiv(N, 128)) if split_k > 1 and not fused else None
     return p
@@ -1182,7 +1210,7 @@ def _swapab_plan(p, A, cfg, M, N, K, bias, out_dtype, on_gpu, allow_fused, pdl) 
         num_stages=cfg.get("num_stages", 4),
     )
     if pdl and on_gpu:
-        kw.update(PDL_WAIT=True, launch_pdl=True)
+        kw.update(PDL_WAIT=True, launch_pdl=True, PDL_TRIGGER=_pdl_trigger(pdl))
     if split_k > 1 and split_k * M * N < 2**31:
         kw["WS_I32"] = True
     p.kw = kw
@@ -1219,12 +1247,12 @@ def _launch(
     out_dtype: torch.dtype,
     cfg: dict[str, Any] | None = None,
     quant_a: bool = False,
-    pdl: bool = False,
+    pdl: int = 0,
 ) -> torch.Tensor:
     """Launch the GEMM. quant_a: A is the float activation, quantized per row inside the kernel
-    (sa must be None; the kernel derives it). pdl: launch as a programmatic dependent of the
-    previous kernel (the activation quantizer): only the weight may be read before its grid is done,
-    so it is only for operands the previous kernel does not write."""
+    (sa must be None; the kernel derives it). pdl (0-3, see _PDL_TRIGGER_DOC): launch as a programmatic
+    dependent of the previous kernel (the activation quantizer): only the weight may be read before
+    its grid is done, so it is only for operands the previous kernel does not write."""
     M, K = A.shape
     N = B.shape[1]
     p = _get_plan(A, B, sa, sb, bias, out_dtype, cfg, quant_a, pdl)

@@ -21,9 +21,9 @@ from .._common import Backend, check_tensor, interpreter_enabled, select_backend
 from .._common import direct as _direct
 
 try:  # programmatic dependent launch (SM90+)
-    from triton.language.extra.cuda import gdc_launch_dependents
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover
-    gdc_launch_dependents = None
+    gdc_launch_dependents = gdc_wait = None
 
 MIN_ABSMAX = 1e-30
 _MAX_ONE_PASS = 16384  # longest row held in registers in one go (GPU)
@@ -72,11 +72,16 @@ def _quantize_rows_kernel(
     ONE_PASS: tl.constexpr,
     X_K_CONTIG: tl.constexpr,
     PDL_TRIGGER: tl.constexpr = False,
+    PDL_WAIT: tl.constexpr = False,
 ):
     if PDL_TRIGGER:
-        # Let the GEMM that follows (launched as a programmatic dependent) start now: it
-        # prefetches its weight into L2 and then waits for this grid to finish (griddepcontrol.wait).
+        # Let the GEMM that follows (launched as a programmatic dependent) start now: it sets up
+        # and then waits for this grid to finish (griddepcontrol.wait) before it reads x_q.
         gdc_launch_dependents()
+    if PDL_WAIT:
+        # This launch is itself a programmatic dependent of the previous kernel, which may be the one
+        # writing x: nothing is read or written before that grid is done.
+        gdc_wait()
     pid = tl.program_id(0).to(tl.int64)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < R
@@ -132,7 +137,9 @@ def _quantize_rows_torch(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 _QPLANS: dict[tuple, tuple] = {}
 
 
-def _quantize_plan(R: int, K: int, x_k_contig: bool, interp: bool, max_one_pass: int | None, pdl: bool) -> tuple:
+def _quantize_plan(
+    R: int, K: int, x_k_contig: bool, interp: bool, max_one_pass: int | None, pdl: bool, pdl_wait: bool = False
+) -> tuple:
     cap = max_one_pass or (_MAX_ONE_PASS_INTERP if interp else _MAX_ONE_PASS)
     one_pass = K <= cap
     block_k = triton.next_power_of_2(K) if one_pass else min(cap, 4096)
@@ -160,13 +167,16 @@ def _quantize_plan(R: int, K: int, x_k_contig: bool, interp: bool, max_one_pass:
     )
     if pdl and not interp:
         kw["PDL_TRIGGER"] = True
+    if pdl_wait and not interp and gdc_wait is not None:
+        kw.update(PDL_WAIT=True, launch_pdl=True)
     return ((-(-R // block_r),), kw)
 
 
 def _launch_quantize_rows(
-    x2: torch.Tensor, max_one_pass: int | None = None, pdl: bool = False
+    x2: torch.Tensor, max_one_pass: int | None = None, pdl: bool = False, pdl_wait: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """pdl: the next kernel is launched as a programmatic dependent (see int8_linear)."""
+    """pdl: the next kernel is launched as a programmatic dependent (see int8_linear). pdl_wait: this
+    one is too, of the kernel before it (it waits for that grid before touching memory)."""
     R, K = x2.shape
     q = torch.empty((R, K), dtype=torch.int8, device=x2.device)
     s = torch.empty((R,), dtype=torch.float32, device=x2.device)
@@ -174,12 +184,13 @@ def _launch_quantize_rows(
         return q, s
     interp = x2.device.type != "cuda"
     # the strides are in the key: Triton specializes integer arguments (== 1, multiple of 16)
-    key = (R, K, x2.stride(0), x2.stride(1), x2.dtype, x2.device, interp, max_one_pass, pdl)
+    key = (R, K, x2.stride(0), x2.stride(1), x2.dtype, x2.device, interp, max_one_pass, pdl, pdl_wait)
     plan = _QPLANS.get(key)
     if plan is None:
         if len(_QPLANS) > 4096:
             _QPLANS.clear()
-        plan = _QPLANS[key] = _quantize_plan(R, K, x2.stride(1) == 1, interp, max_one_pass, pdl) + (_direct.Direct(),)
+        plan = _quantize_plan(R, K, x2.stride(1) == 1, interp, max_one_pass, pdl, pdl_wait)
+        plan = _QPLANS[key] = plan + (_direct.Direct(),)
     grid, kw, dl = plan
     args = (x2, q, s, R, K, x2.stride(0), x2.stride(1), q.stride(0))
     _direct.launch(dl, _quantize_rows_kernel, grid, args, kw, (x2.data_ptr() % 16,))
