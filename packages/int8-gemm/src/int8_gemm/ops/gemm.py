@@ -395,8 +395,7 @@ def _int8_gemv_kernel(
     if PDL_TRIGGER == 2:
         gdc_launch_dependents()  # see _PDL_TRIGGER_DOC
     if PDL_WAIT:
-        # a programmatic dependent launch of the quantizer (or, fused-quant, of the previous kernel):
-        # x / x_q / sa only after its grid is done
+        # a programmatic dependent launch of the quantizer: x_q / sa only after its grid is done
         gdc_wait()
 
     if QUANT_A:
@@ -1137,7 +1136,7 @@ def _gemv_plan(p, A, B, cfg, M, N, K, bias, out_dtype, quant_a, on_gpu, allow_fu
         kw["WS_I32"] = True
     if cfg.get("DP4A", 0) and _dp4a_ok(A, B, K, bk, quant_a):
         kw.update(DP4A=True, DP4A_ASM=on_gpu)
-    if pdl and on_gpu and gdc_wait is not None:
+    if pdl and on_gpu and not quant_a and gdc_wait is not None:
         kw.update(PDL_WAIT=True, launch_pdl=True, PDL_TRIGGER=_pdl_trigger(pdl))
     p.kw = kw
     p.reduce_grid = (_cdiv(M, 32), _cdiv(N, 128)) if split_k > 1 and not fused else None

@@ -46,17 +46,17 @@ FUSED_QUANT_MAX_BYTES = 0
 # PDL_MAX_M forces PDL for every M <= it (probes, tests).
 PDL_MAX_M = 0
 
-# PDL across calls (SM90+, the decode entries above and the one-launch fused-quant GEMV): the first
-# kernel of the call (the quantizer, or the fused GEMV) is itself launched as a programmatic dependent
-# of whatever kernel precedes it on the stream and waits for that grid before it reads x, and the GEMM
-# lets the next call's first kernel launch early (ops/gemm.py _PDL_TRIGGER_DOC): 0 = off, 1 = the GEMM
-# triggers after its main loop, 2 = at its start. Either way no kernel reads or writes memory before the
-# grid before it is done, so only launch latency and setup overlap. H200, session 19
+# PDL across calls (SM90+, the "PDL": 1 decode entries above): the quantizer is itself launched as a
+# programmatic dependent of whatever kernel precedes it on the stream and waits for that grid before it
+# reads x, and the GEMM lets the next call's quantizer launch early (ops/gemm.py _PDL_TRIGGER_DOC): 0 =
+# off, 1 = the GEMM triggers after its main loop, 2 = at its start. Either way no kernel reads or writes
+# memory before the grid before it is done, so only launch latency and setup overlap. H200, session 19
 # (scripts/probe_int8_pdl_chain.py, benchmarks/results/probes/h200-probe_int8_pdl_chain.json; CUDA graph,
-# W rotated, calls back to back): 1 was faster than 0 at all 9 decode shapes, e.g. M=16 4096x4096
-# 8.69 -> 7.90 us, M=8 8.68 -> 7.73, M=16 N=14336 19.04 -> 18.49, M=1 fused GEMV 8.12 -> 7.95; after an
-# unrelated (non-PDL) elementwise kernel the gain shrinks to 0.1-0.2 us. 2 lost up to 4 us where the grid
-# does not fit beside the running one (M=16 N=14336: 23.2 us).
+# W rotated): with calls back to back 1 was faster than 0 at all 7 two-kernel decode shapes, e.g. M=16
+# 4096x4096 8.69 -> 7.90 us, M=8 8.68 -> 7.73, M=16 N=14336 19.04 -> 18.49; after an unrelated (non-PDL)
+# elementwise kernel by 0.1-0.2 us. 2 was up to 4.7 us slower than 1 where the next grid does not fit
+# beside the running one (M=16 N=14336: 23.2 us). The one-launch fused-quant GEMV (M=1) stays an ordinary
+# launch: as a PDL launch it gained 0.2-0.6 us back to back but lost 0.6 us after the elementwise kernel.
 PDL_CHAIN = 1
 
 
@@ -101,11 +101,10 @@ def _int8_linear_impl(
         x_q, sa = _quantize_rows_impl(x2)
         return _gemm_dequant_impl(x_q, w_q.t(), sa, w_scale, bias, out_dtype)
     cfg = _decode_cfg(x2, w_q.shape[0])
-    chain = PDL_CHAIN if cfg is not None and _sm90_plus(x2) else 0
     if _use_fused_quant(x2, cfg):
-        return _launch(x2, w_q.t(), None, w_scale, bias, out_dtype, quant_a=True, pdl=1 + chain if chain else 0)
+        return _launch(x2, w_q.t(), None, w_scale, bias, out_dtype, quant_a=True)
     pdl = _use_pdl(x2, cfg)
-    chain = chain if pdl else 0
+    chain = PDL_CHAIN if pdl and cfg is not None else 0
     x_q, sa = _launch_quantize_rows(x2, pdl=pdl, pdl_wait=bool(chain))
     return _launch(x_q, w_q.t(), sa, w_scale, bias, out_dtype, pdl=1 + chain if pdl else 0)
 
