@@ -1132,3 +1132,9 @@ def test_gpu_sm90_gemm_matches_reference(M, N, K, cfg_name, monkeypatch):
         # no plan fell back to kernel[grid] for good (a failed first direct launch turns it off)
         assert not [p.dl.error for p in S._PLANS.values() if p.dl.state == -1]
         assert all(p.dl.state == 2 for p in S._PLANS.values() if p.kw["BLOCK_N"] == cfg["SM90_BLOCK_N"])
+
+
+def test_sm_at_least_reads_arch_keys():
+    assert gmod._sm_at_least("sm90", 90) and gmod._sm_at_least("sm100", 90)
+    assert not gmod._sm_at_least("sm86", 90) and not gmod._sm_at_least("cpu", 90)
+    assert not gmod._sm_at_least("smx", 90)

@@ -791,6 +791,11 @@ def _arch(device: torch.device) -> str:
     return arch_key(device)  # (cached per device in llmk_common)
 
 
+def _sm_at_least(arch: str, sm: int) -> bool:
+    """An arch key such as "sm90" names sm or newer ("cpu" and other keys: False)."""
+    return arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= sm
+
+
 def _table_config(arch: str, M: int, N: int, K: int, b_kmajor: bool) -> dict[str, Any]:
     return _table().lookup(arch, M=M, N=N, K=K, b_kmajor=b_kmajor)  # memoized by the table
 
@@ -812,7 +817,7 @@ def candidate_configs(M: int, arch: str = "sm90") -> list[dict[str, Any]]:
     def c(bm, bn, bk, g, sk, w, s, **kw):
         return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=g, SPLIT_K=sk, num_warps=w, num_stages=s, **kw)
 
-    tma = arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= 90
+    tma = _sm_at_least(arch, 90)
     if M <= 16:
         return [
             c(16, 64, 256, 1, 0, 4, 4),
@@ -1155,8 +1160,7 @@ def _swapab_eligible(A, b_kmajor, M, quant_a, on_gpu) -> bool:
         return False
     if not on_gpu:
         return True  # the interpreter (CPU tests) runs the descriptor loads
-    arch = _arch(A.device)
-    return arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= 90
+    return _sm_at_least(_arch(A.device), 90)
 
 
 def _swapab_tma_ok(A: torch.Tensor, B: torch.Tensor) -> bool:

@@ -14,7 +14,7 @@ import torch
 
 from .._common import Backend, check_same_device, check_tensor, select_backend, use_registered_op
 from . import gemm as _gemm
-from .gemm import _GEMV_MAX_M, _arch, _gemm_dequant_impl, _launch, _norm_scale
+from .gemm import _GEMV_MAX_M, _arch, _gemm_dequant_impl, _launch, _norm_scale, _sm_at_least
 from .quantize import _launch_quantize_rows, _quantize_rows_impl
 
 _ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -77,19 +77,12 @@ def _use_fused_quant(x2: torch.Tensor, cfg: dict | None = None) -> bool:
     return bool(cfg and cfg.get("GEMV", 0) and cfg.get("FUSED_QUANT", 0))
 
 
-def _sm90_plus(x2: torch.Tensor) -> bool:
-    if x2.device.type != "cuda":
-        return False
-    arch = _arch(x2.device)
-    return arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= 90
-
-
 def _use_pdl(x2: torch.Tensor, cfg: dict | None = None) -> bool:
     if x2.device.type != "cuda":
         return False
     if x2.shape[0] > PDL_MAX_M and not (cfg and cfg.get("PDL", 0)):
         return False
-    return _sm90_plus(x2)
+    return _sm_at_least(_arch(x2.device), 90)
 
 
 def _int8_linear_impl(
