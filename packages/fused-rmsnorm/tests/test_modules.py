@@ -154,3 +154,65 @@ def test_gpu_multi_linear():
     ref = ref64(x, m.norm_weight, m.weight, None, 1e-6)
     for got, want in zip(outs, ref.split([2048, 512, 512], dim=-1)):
         assert close(got, want, tol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("early", [0, 4, 11])
+@pytest.mark.parametrize("M", [5, 16])
+def test_gpu_self_rstd_pdl_layer_stack(M, early, monkeypatch):
+    """Config 11 as a programmatic dependent (ops/rmsnorm_linear.py SELF_RSTD_PDL): W' is requested before the
+    wait for the previous kernel, x after it. A stack of layers in which each reads the previous one's output
+    (a row-strided view), the first an x written by an elementwise kernel right before, must reproduce the
+    PDL-off bits eagerly and in a CUDA graph; a call right after a refold (W' just written) is not PDL."""
+    from fused_rmsnorm import backend
+    from fused_rmsnorm.ops import rmsnorm_linear as R
+
+    ext = backend.get_ext(torch.device("cuda"))
+    if ext.kind == "torch" or not ext.has_gemm_sm90 or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("no SM90 CUTLASS GEMM for this GPU / binary")
+    monkeypatch.setattr(R, "plan", lambda *a, **k: {"path": "gemm", "config": 11, "pdl": True})
+    monkeypatch.setattr(R, "SELF_RSTD_PDL_EARLY", early)  # W' stages requested before the wait
+    D, N = 1024, 2056
+    torch.manual_seed(M)
+    layers = [FusedRMSNormLinear(D, N).cuda().bfloat16() for _ in range(4)]
+    for m in layers:
+        with torch.no_grad():
+            m.norm_weight.uniform_(0.5, 1.5)
+    src = torch.randn(M, D, device="cuda").bfloat16()
+    x = torch.empty_like(src)
+
+    @torch.no_grad()
+    def step():
+        torch.add(src, 1.0, out=x)
+        h = x
+        for m in layers:
+            h = m(h)[:, :D]
+        return h
+
+    monkeypatch.setattr(R, "SELF_RSTD_PDL", False)
+    want = step().clone()
+    assert torch.isfinite(want.float()).all() and want.float().abs().max() > 0
+    monkeypatch.setattr(R, "SELF_RSTD_PDL", True)
+    n0 = R.SELF_RSTD_PDL_LAUNCHES[0]
+    for _ in range(3):
+        assert torch.equal(step(), want)
+    assert R.SELF_RSTD_PDL_LAUNCHES[0] - n0 == 3 * len(layers)  # every W' settled by the PDL-off pass
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for _ in range(3):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
+    with torch.no_grad():  # W changes in place: the next call refolds, and that launch must not be PDL
+        layers[2].weight.mul_(-1.0)
+    n1 = R.SELF_RSTD_PDL_LAUNCHES[0]
+    monkeypatch.setattr(R, "SELF_RSTD_PDL", False)
+    flipped = step().clone()
+    monkeypatch.setattr(R, "SELF_RSTD_PDL", True)
+    with torch.no_grad():
+        layers[2].weight.mul_(-1.0)  # back: refolds again; its first call is an ordinary launch
+    assert not torch.equal(flipped, want)
+    assert torch.equal(step(), want)
+    assert R.SELF_RSTD_PDL_LAUNCHES[0] - n1 == len(layers) - 1

@@ -786,6 +786,16 @@ def test_sm90_configs_match_build_and_header():
     assert tuple(int(c) for c in re.findall(r"\(c\) == (\d+)", self_rstd)) == tuple(SM90_SELF_RSTD_TWIN)
 
 
+def test_w_settled_tracks_tensor_and_version():
+    from fused_rmsnorm.ops import rmsnorm_linear as op
+
+    a, b = torch.zeros(4), torch.zeros(4)
+    assert not op._w_settled(a) and op._w_settled(a) and op._w_settled(a)
+    assert not op._w_settled(b)  # another tensor
+    a.add_(1.0)  # an in-place write: not settled until a call has read it again
+    assert not op._w_settled(a) and op._w_settled(a)
+
+
 def _sm90_ext_or_skip():
     ext = backend.get_ext(torch.device("cuda"))
     if ext.kind == "torch" or not ext.has_gemm_sm90 or torch.cuda.get_device_capability()[0] != 9:

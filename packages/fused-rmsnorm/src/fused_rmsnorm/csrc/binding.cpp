@@ -138,11 +138,11 @@ PYBIND11_MODULE(_C, m) {
       [](int dtype, int config, std::uintptr_t a, int64_t lda, std::uintptr_t b, int64_t ldb, std::uintptr_t rstd,
          std::uintptr_t bias, std::uintptr_t d, int64_t ldd, int64_t M, int64_t N, int64_t K, bool pdl,
          std::uintptr_t stream, int raster, int swizzle, int splits, std::uintptr_t workspace,
-         std::size_t workspace_bytes, float eps) {
+         std::size_t workspace_bytes, float eps, int pdl_early) {
 #if FRMS_HAVE_SM90
         FrmsSm90Args p{dtype, cptr(a), lda, cptr(b), ldb, reinterpret_cast<const float*>(rstd),
                        bias ? cptr(bias) : nullptr, mptr(d), ldd, M, N, K, pdl ? 1 : 0, raster, swizzle, splits,
-                       workspace ? mptr(workspace) : nullptr, workspace_bytes, mptr(stream), eps};
+                       workspace ? mptr(workspace) : nullptr, workspace_bytes, mptr(stream), eps, pdl_early};
         check(sm90_entry(config)(&p, nullptr), "gemm_sm90");
 #else
         check(FRMS_ERR_NOT_BUILT, "gemm_sm90");
@@ -152,11 +152,13 @@ PYBIND11_MODULE(_C, m) {
       "scheduler raster order 0 heuristic / 1 along M / 2 along N; swizzle: max swizzle 0 (=1) | 1 | 2 | 4 | 8; "
       "splits: stream-K config only, > 1 = fixed split-K; workspace: device buffer of gemm_sm90_workspace() bytes "
       "(stream-K only; the other configs need none); eps: the self-rstd configs (sm90_self_rstd_configs()) compute "
-      "rstd = rsqrt(mean(a^2) + eps) from a = x themselves (rstd unused, b must be W' = W * g, pdl must be false).",
+      "rstd = rsqrt(mean(a^2) + eps) from a = x themselves (rstd unused, b must be W' = W * g); pdl_early: for "
+      "those with pdl, how many stages of b they request before waiting for the previous kernel (b must not be "
+      "written by any kernel still in flight; 0 = none).",
       py::arg("dtype"), py::arg("config"), py::arg("a"), py::arg("lda"), py::arg("b"), py::arg("ldb"),
       py::arg("rstd"), py::arg("bias"), py::arg("d"), py::arg("ldd"), py::arg("M"), py::arg("N"), py::arg("K"),
       py::arg("pdl"), py::arg("stream"), py::arg("raster") = 0, py::arg("swizzle") = 0, py::arg("splits") = 1,
-      py::arg("workspace") = 0, py::arg("workspace_bytes") = 0, py::arg("eps") = 0.f);
+      py::arg("workspace") = 0, py::arg("workspace_bytes") = 0, py::arg("eps") = 0.f, py::arg("pdl_early") = 0);
 
   m.def(
       "gemm_sm90_workspace",

@@ -42,6 +42,7 @@ struct FrmsSm90Args {
   size_t workspace_bytes;
   void* stream;
   float eps;  // self-rstd configs: rstd = rsqrt(mean(x^2) + eps) from a = x (rstd unused)
+  int pdl_early;  // self-rstd configs as PDL secondaries: W' stages requested before the grid-dependency wait
 };
 
 extern "C" {

@@ -13,6 +13,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "cutlass/version.h"
@@ -207,10 +208,12 @@ struct SelfRstdMainloop : Base {
 
   struct Arguments : Base::Arguments {
     float eps = 0.f;
+    int early = 0;  // W' stages requested before the grid-dependency wait (PDL launches; 0: none)
   };
   struct Params : Base::Params {
     float eps;
     float k;  // the row length the mean divides by
+    int early;
   };
 
   template <class ProblemShape>
@@ -219,8 +222,14 @@ struct SelfRstdMainloop : Base {
     static_cast<typename Base::Params&>(p) = Base::to_underlying_arguments(problem_shape, args, workspace);
     p.eps = args.eps;
     p.k = float(get<2>(problem_shape));
+    p.early = args.early;
     return p;
   }
+
+  // PDL: let the next kernel's CTAs launch as soon as SMs free up (they wait for this grid before anything but
+  // their weight loads). Every thread that does not exit early signals, at its start, so whichever way the
+  // hardware counts a CTA as triggered, it is at this CTA's start. Ordinary launches ignore it.
+  CUTLASS_DEVICE static void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
   float rs_[kAcc];  // consumer threads: rstd of each accumulator column, once per kernel
   bool have_rstd_ = false;
@@ -232,6 +241,7 @@ struct SelfRstdMainloop : Base {
                                      int k_tile_count, int lane, uint32_t, TensorStorage& shared_tensors) {
     if (have_rstd_) return;
     have_rstd_ = true;
+    pdl_trigger();
     SelfRstdSmem& sm = self_rstd_smem();
     Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});  // (BN, BK, PIPE)
     // A token's BK values in a stage are BK / 64 128-byte lines (K-major, 128-byte swizzle): the swizzle
@@ -301,6 +311,7 @@ struct SelfRstdMainloop : Base {
                            KTileIterator k_tile_iter, int k_tile_count, int thread_idx,
                            uint32_t block_rank_in_cluster, TensorStorage& shared_tensors) {
     const int first = int(smem_pipe_write.count());  // k-tiles this CTA has issued before this tile
+    if (first == 0) pdl_trigger();
     if (first >= k_tile_count + kStages) {  // no stage of this tile's loads holds first-tile x
       Base::load(params, pipeline, smem_pipe_write, load_inputs, blk_coord, k_tile_iter, k_tile_count, thread_idx,
                  block_rank_in_cluster, shared_tensors);
@@ -329,8 +340,36 @@ struct SelfRstdMainloop : Base {
     if constexpr (cute::is_same_v<typename Base::GmemTiledCopyB, SM90_TMA_LOAD_MULTICAST>) {
       for (int m = 0; m < size<0>(block_layout); ++m) mcast_b |= uint16_t(1) << block_layout(m, cid.y, Int<0>{});
     }
+    // The CTA's first `early` stages: W' (the GEMM's A) is requested before the grid-dependency wait, x (B)
+    // after it. As a programmatic dependent (PDL) this CTA may be resident while the previous grid still runs;
+    // those W' tiles then stream in meanwhile. Only W' may be read that early: the caller passes early > 0 only
+    // when no kernel that can still be in flight writes W' (ops/rmsnorm_linear.py _w_settled); x may be the
+    // previous kernel's output. Each stage's barrier expects both copies' bytes, so nothing downstream changes,
+    // but x's first tile then queues behind those W' copies: an ordinary launch passes early = 0.
+    int kt0 = 0;
+    if (first == 0) {
+      kt0 = std::min(std::min(k_tile_count, int(kStages)), params.early);
+      {
+        PipelineState w = smem_pipe_write;
+        KTileIterator ka = k_tile_iter;
+        for (int kt = 0; kt < kt0; ++kt) {  // empty stages: no aux-warp or consumer wait applies
+          pipeline.producer_acquire(w);
+          copy(params.tma_load_a.with(*pipeline.producer_get_barrier(w), mcast_a), tAgA(_, _, _, *ka),
+               tAsA(_, _, _, w.index()));
+          ++ka;
+          ++w;
+        }
+      }
+      asm volatile("griddepcontrol.wait;" ::: "memory");  // no-op unless launched as a PDL secondary
+      for (int kt = 0; kt < kt0; ++kt) {
+        copy(params.tma_load_b.with(*pipeline.producer_get_barrier(smem_pipe_write), mcast_b), tBgB(_, _, _, *k_tile_iter),
+             tBsB(_, _, _, smem_pipe_write.index()));
+        ++k_tile_iter;
+        ++smem_pipe_write;
+      }
+    }
     CUTLASS_PRAGMA_NO_UNROLL
-    for (int kt = 0; kt < k_tile_count; ++kt) {
+    for (int kt = kt0; kt < k_tile_count; ++kt) {
       const int i = first + kt - kStages;  // the k-tile whose stage this one overwrites
       if (i >= 0 && i < k_tile_count)      // first-tile x: the cluster's aux warps must have read it
         cutlass::arch::ClusterBarrier::wait(&sm.stage_read[i % kStages], (i / kStages) & 1);
@@ -355,7 +394,10 @@ struct SelfRstdMainloop : Base {
   CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read, FrgTensorC& accum,
                           int k_tile_count, int thread_idx, TensorStorage& shared_tensors, Params const& params) {
     static_assert(decltype(size(accum))::value == kAcc);
+    if (!have_rstd_) pdl_trigger();
     Base::mma(pipeline, smem_pipe_read, accum, k_tile_count, thread_idx, shared_tensors, params);
+    // the epilogue reads the bias and writes D: not before the previous grid has completed (PDL; no-op otherwise)
+    asm volatile("griddepcontrol.wait;" ::: "memory");
     if (!have_rstd_) {
       cutlass::arch::ClusterBarrier::wait(&self_rstd_smem().ready, 0);
       // column n of the warpgroup's accumulator tile is token n
@@ -468,7 +510,10 @@ int run(const FrmsSm90Args& p, size_t* workspace_size_out) {
   mainloop.dA = sa;
   mainloop.ptr_B = pb;
   mainloop.dB = sb;
-  if constexpr (kSelfRstd) mainloop.eps = p.eps;
+  if constexpr (kSelfRstd) {
+    mainloop.eps = p.eps;
+    mainloop.early = p.pdl ? std::max(0, p.pdl_early) : 0;
+  }
   typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
                                 {int(GM), int(GN), int(K), 1},
                                 mainloop,
@@ -503,9 +548,9 @@ int run(const FrmsSm90Args& p, size_t* workspace_size_out) {
     *workspace_size_out = need;
     return 0;
   }
-  // launch-only arguments (a workspace query passes neither). Self rstd reads x before any grid-dependency
-  // wait, so it is never a PDL secondary.
-  if (kSelfRstd ? !(p.eps > 0.f) || p.pdl || M > size<1>(TileShape{}) : p.rstd == nullptr) return FRMS_ERR_BAD_ARG;
+  // launch-only arguments (a workspace query passes neither). Self rstd as a PDL secondary: x is loaded and D
+  // written only after the grid-dependency wait, W' before it (SelfRstdMainloop::load).
+  if (kSelfRstd ? !(p.eps > 0.f) || M > size<1>(TileShape{}) : p.rstd == nullptr) return FRMS_ERR_BAD_ARG;
   Gemm gemm;
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return FRMS_ERR_BAD_ARG;
   // The data-parallel configs need none; stream-K takes the caller's (torch-allocated) buffer rather
