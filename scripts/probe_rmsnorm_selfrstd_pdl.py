@@ -63,8 +63,11 @@ def row(M: int, D: int, N: int, rounds: int, R, FusedRMSNormLinear, off_only: bo
     src = torch.randn(M, D, device=dev).bfloat16()
     x = src.clone()
     with torch.no_grad():
-        off = [with_pdl(R, False, lambda m=m: m(x))() for m in mods]  # also settles each W'
+        off = [with_pdl(R, False, lambda m=m: m(x))() for m in mods]
     with torch.no_grad():
+        if not off_only:
+            for m in mods:  # settles each W' (an ordinary launch with the switch on)
+                with_pdl(R, True, lambda m=m: m(x))()
         n0 = R.SELF_RSTD_PDL_LAUNCHES[0]
         if not off_only:
             for e in EARLY:

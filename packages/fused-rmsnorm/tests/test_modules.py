@@ -196,7 +196,8 @@ def test_gpu_self_rstd_pdl_layer_stack(M, early, monkeypatch):
     n0 = R.SELF_RSTD_PDL_LAUNCHES[0]
     for _ in range(3):
         assert torch.equal(step(), want)
-    assert R.SELF_RSTD_PDL_LAUNCHES[0] - n0 == 3 * len(layers)  # every W' settled by the PDL-off pass
+    # the first pass with the switch on settles each W' (ordinary launches), the next two are PDL
+    assert R.SELF_RSTD_PDL_LAUNCHES[0] - n0 == 2 * len(layers)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = step()

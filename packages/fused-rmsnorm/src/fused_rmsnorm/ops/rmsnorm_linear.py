@@ -138,8 +138,8 @@ SM90_SELF_RSTD_TOKENS = {11: 16}  # one token tile (the kernel refuses more)
 # stages trade one for the other (4: 30.34 / 33.95). So it pays only where the previous kernel is this op, or
 # another kernel that triggers early. Reading W' early is safe only if no kernel still in flight writes it:
 # W' is the modules' cache, written once by fold_weight when (re)folded, so a call gets PDL only once an
-# earlier call has read the same W' tensor at the same version (_w_settled); the first call after a (re)fold
-# is an ordinary launch.
+# earlier call with the switch on has read the same W' tensor at the same version (_w_settled, which only runs
+# when it is on); the first such call after a (re)fold is an ordinary launch.
 SELF_RSTD_PDL = False
 SELF_RSTD_PDL_EARLY = 11  # W' stages requested before the wait (config 11 has 11); 0: none
 SELF_RSTD_PDL_LAUNCHES = [0]  # how many such launches were PDL (tests)
@@ -350,8 +350,7 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
             knobs = sm90_knob_args(p)
             wsp, wsn, _ws = _sm90_workspace(mod, dt, cfg, M, N, D, knobs, x.device)
             if self_rstd:  # W' may be read before the wait only when it is the settled module cache (SELF_RSTD_PDL)
-                settled = wf is w_folded and _w_settled(wf)  # recorded whether or not PDL is on
-                pdl = SELF_RSTD_PDL and bool(p.get("pdl", True)) and settled
+                pdl = SELF_RSTD_PDL and bool(p.get("pdl", True)) and wf is w_folded and _w_settled(wf)
                 SELF_RSTD_PDL_LAUNCHES[0] += pdl
             else:
                 pdl = bool(p.get("pdl", True))
