@@ -646,7 +646,8 @@ def test_gpu_compute_sanitizer_memcheck(tmp_path):
         "    w = torch.randn(136, D, device='cuda').half(); b = torch.randn(136, device='cuda').half()\n"
         "    y = fused_rmsnorm_linear(x, g, w, b)\n"
         "import fused_rmsnorm.ops.rmsnorm_linear as op\n"
-        "for c, M in ((7, 5), (8, 17), (11, 5), (11, 16)):  # swap-AB decode configs (N = 136: partial W tile)\n"
+        "for c, M in ((7, 5), (8, 17), (11, 5), (11, 16), (1, 300), (4, 300)):  # swap-AB decode configs and\n"
+        "    # two prefill ones with a partial row tile; N = 136: a partial W tile\n"
         "    op.plan = lambda *a, c=c, **k: {'path': 'gemm', 'config': c, 'pdl': True}\n"
         "    x = torch.randn(M, D, device='cuda').half()\n"
         "    y = fused_rmsnorm_linear(x, g, w, b)\n"
@@ -894,6 +895,45 @@ def test_gpu_sm90_self_rstd_multi_tile(M, D, monkeypatch):
             y = op.fused_rmsnorm_linear_folded(x, g, w, wf, b)
             torch.cuda.synchronize()
             assert torch.isfinite(y).all() and rel_err(y, ref) <= 1e-2, (config, M, D)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_sm90_prefill_multi_tile_rows(dtype, monkeypatch):
+    """The unswapped, data-parallel SM90 configs 0-5 with several tiles per persistent CTA (M = 4100: 33 row
+    tiles, the last partial; ping-pong CTAs alternate tiles between their two consumer warpgroups). Rows are
+    scaled 2^-4..2^4 at random, so a row given another row's rstd is off by that ratio, and each output row
+    is checked on its own; repeated launches and CUDA graph replays."""
+    from fused_rmsnorm.ops import rmsnorm_linear as op
+
+    _sm90_ext_or_skip()
+    M, D, N = 4100, 264, 1032
+    x, g, w, b = _gpu_case(M, D, N, dtype, bias=True, seed=7)
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    scale = torch.exp2(torch.rand(M, device="cuda", generator=gen) * 8 - 4)
+    x = (x.float() * scale[:, None]).to(dtype)
+    ref = _ref32(x, g, w, b, 1e-6).double()
+    wf = fold_weight(g, w)
+
+    def row_err(y):
+        return ((y.double() - ref).norm(dim=1) / ref.norm(dim=1)).max().item()
+
+    calls = (lambda: fused_rmsnorm_linear(x, g, w, b), lambda: op.fused_rmsnorm_linear_folded(x, g, w, wf, b))
+    for config in range(6):  # 6 is the stream-K config (test below)
+        assert config not in op.SM90_STREAM_K_CONFIGS and config not in op.SM90_SWAP_CONFIGS
+        monkeypatch.setattr(op, "plan", lambda *a, c=config, **k: {"path": "gemm", "config": c, "pdl": True})
+        for _ in range(2):
+            for call in calls:
+                y = call()
+                torch.cuda.synchronize()
+                assert torch.isfinite(y).all() and row_err(y) <= 2e-2, (config, row_err(y))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            yg = op.fused_rmsnorm_linear_folded(x, g, w, wf, b)
+        graph.replay()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.isfinite(yg).all() and row_err(yg) <= 2e-2, (config, "graph")
 
 
 @pytest.mark.gpu

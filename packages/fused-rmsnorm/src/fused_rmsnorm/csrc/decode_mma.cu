@@ -507,13 +507,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(const Params p)
 
 // ------------------------------------------------------------------------------------------ host
 
-constexpr int kMaxDevices = 64;
-
-inline int current_device() {
-  int dev = 0;
-  cudaGetDevice(&dev);
-  return dev >= 0 && dev < kMaxDevices ? dev : 0;
-}
+using frms::current_device;
+using frms::kMaxDevices;
 
 inline int device_sms(int dev) {
   static int cache[kMaxDevices] = {};

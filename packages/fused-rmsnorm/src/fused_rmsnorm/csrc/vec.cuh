@@ -79,4 +79,13 @@ inline int sm_count() {
   return count;
 }
 
+// per-device host state (opt-ins, attributes) is kept in arrays of this many entries
+constexpr int kMaxDevices = 64;
+
+inline int current_device() {
+  int dev = 0;
+  cudaGetDevice(&dev);
+  return dev >= 0 && dev < kMaxDevices ? dev : 0;
+}
+
 }  // namespace frms
