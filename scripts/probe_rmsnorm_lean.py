@@ -16,9 +16,7 @@ with F.linear on the same weights (CUDA graphs, weight sets rotated out of L2). 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -29,11 +27,12 @@ import triton
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "scripts"))
 sys.path += [str(d) for d in sorted((REPO / "packages").glob("*/src"))]  # a PYTHONPATH probe build wins
 
-import harness  # noqa: E402
-from fused_rmsnorm import FusedRMSNormLinear, backend  # noqa: E402
+from fused_rmsnorm import backend  # noqa: E402
 from fused_rmsnorm.ops import rmsnorm_linear as op  # noqa: E402
+from rmsnorm_probe_cases import module_copies, time_rounds  # noqa: E402
 
 SHAPES = [  # (M, D, N)
     (1024, 2048, 2048),
@@ -76,16 +75,8 @@ def check_bits(mod_c, dev) -> list:
 
 
 def measure(M: int, D: int, N: int, dev) -> dict:
-    gen = torch.Generator(device=dev).manual_seed(M + D + N)
-    x = (torch.randn(M, D, device=dev, generator=gen) * 2 + 0.3).bfloat16()
-    x[::7] *= 64
-    mod = FusedRMSNormLinear(D, N, device=dev, dtype=torch.bfloat16)
-    mod.norm_weight.uniform_(0.5, 1.5, generator=gen)
-    mod.weight.normal_(0.0, D**-0.5, generator=gen)
-    n = max(2, min(16, math.ceil(2 * L2_BYTES / (N * D * 2))))
-    mods = [mod] + [copy.deepcopy(mod) for _ in range(n - 1)]
-    for m in mods:
-        m.weight.add_(torch.randn_like(m.weight) * 1e-3)  # distinct weight sets
+    x, mods = module_copies(M, D, N, dev, L2_BYTES)
+    mod = mods[0]
 
     def module(m, lean):
         def run():
@@ -111,14 +102,7 @@ def measure(M: int, D: int, N: int, dev) -> dict:
     err = {k: ((o.float() - ref).norm() / ref.norm()).item() for k, o in outs.items() if k != "F.linear"}
     same = bool(torch.equal(outs["module"], outs["module lean"]))
     ok = all(e <= 1e-2 for e in err.values()) and same
-    for fl in fns.values():
-        for f in fl:
-            f()
-    t = {k: [] for k in fns}
-    if ok:
-        for _ in range(ROUNDS):
-            for k, fl in fns.items():
-                t[k].append(harness.time_ms(fl, small=True, rep_ms=40) * 1e3)
+    t = time_rounds(fns, ROUNDS, run=ok)
     p = op.plan(op.arch_key(dev), M, N, D, has_gemm=True)
     row = {"M": M, "D": D, "N": N, "plan": p, "rel_err": err, "bit_identical": same, "us": t}
     row["median"] = {k: round(statistics.median(v), 3) for k, v in t.items() if v}

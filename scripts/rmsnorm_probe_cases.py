@@ -1,0 +1,42 @@
+"""Shared setup of the fused-rmsnorm module-path probes (probe_rmsnorm_warm.py, probe_rmsnorm_lean.py)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+
+
+def module_copies(M: int, D: int, N: int, dev, l2_bytes: int) -> tuple[torch.Tensor, list]:
+    """(x, modules): bf16 x with rows far apart in scale (a row-scale bug shows) and enough
+    FusedRMSNormLinear copies with distinct weights that rotating through them keeps W out of L2."""
+    from fused_rmsnorm import FusedRMSNormLinear
+
+    gen = torch.Generator(device=dev).manual_seed(M + D + N)
+    x = (torch.randn(M, D, device=dev, generator=gen) * 2 + 0.3).bfloat16()
+    x[::7] *= 64
+    mod = FusedRMSNormLinear(D, N, device=dev, dtype=torch.bfloat16)
+    mod.norm_weight.uniform_(0.5, 1.5, generator=gen)
+    mod.weight.normal_(0.0, D**-0.5, generator=gen)
+    n = max(2, min(16, math.ceil(2 * l2_bytes / (N * D * 2))))
+    mods = [mod] + [copy.deepcopy(mod) for _ in range(n - 1)]
+    for m in mods:
+        m.weight.add_(torch.randn_like(m.weight) * 1e-3)  # distinct weight sets
+    return x, mods
+
+
+def time_rounds(fns: dict, rounds: int, run: bool = True) -> dict:
+    """Median-per-round microseconds of each variant's rotated callables, variants interleaved within each
+    round (CUDA-graph timing); every callable runs once first (first calls fold W' outside the graphs).
+    run=False (a failed correctness check): empty lists."""
+    import harness
+
+    for fl in fns.values():
+        for f in fl:
+            f()
+    t = {k: [] for k in fns}
+    for _ in range(rounds if run else 0):
+        for k, fl in fns.items():
+            t[k].append(harness.time_ms(fl, small=True, rep_ms=40) * 1e3)
+    return t
