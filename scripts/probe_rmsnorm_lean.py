@@ -15,7 +15,6 @@ with F.linear on the same weights (CUDA graphs, weight sets rotated out of L2). 
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -23,16 +22,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path += [str(d) for d in sorted((REPO / "packages").glob("*/src"))]  # a PYTHONPATH probe build wins
 
-from fused_rmsnorm import backend  # noqa: E402
 from fused_rmsnorm.ops import rmsnorm_linear as op  # noqa: E402
-from rmsnorm_probe_cases import module_copies, time_rounds  # noqa: E402
+from rmsnorm_probe_cases import module_copies, start, time_rounds  # noqa: E402
 
 SHAPES = [  # (M, D, N)
     (1024, 2048, 2048),
@@ -111,21 +108,14 @@ def measure(M: int, D: int, N: int, dev) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out_dir", type=Path)
-    a = ap.parse_args()
-    dev = torch.device("cuda")
-    ext = backend.get_ext(dev)
-    print(f"backend {ext.kind} {getattr(ext.module, '__file__', '')}", flush=True)
-    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
-    res["cuda"] = torch.version.cuda
+    out_dir, dev, ext, res = start(__doc__)
     with torch.no_grad():
         res["bits"] = check_bits(ext.module, dev)
         bits_ok = all(r["bit_identical"] and r["max_rel"] < 1e-5 for r in res["bits"])
         print(f"rstd bits: {len(res['bits'])} cases, all identical and accurate: {bits_ok}", flush=True)
         res["rows"] = [measure(M, D, N, dev) for M, D, N in SHAPES] if bits_ok else []
-    a.out_dir.mkdir(parents=True, exist_ok=True)
-    (a.out_dir / "probe_rmsnorm_lean.json").write_text(json.dumps(res, indent=1))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "probe_rmsnorm_lean.json").write_text(json.dumps(res, indent=1))
     print(f"{'M x D x N':>18} {'config':>6} {'F.linear':>9} {'module':>9} {'lean':>9}  ratio off / lean")
     for r in res["rows"]:
         md = r["median"]

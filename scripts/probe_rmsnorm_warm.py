@@ -15,7 +15,6 @@ outputs must be bit-identical. Prints a table last.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -23,16 +22,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path += [str(d) for d in sorted((REPO / "packages").glob("*/src"))]  # a PYTHONPATH probe build wins
 
-from fused_rmsnorm import backend  # noqa: E402
 from fused_rmsnorm.ops import rmsnorm_linear as op  # noqa: E402
-from rmsnorm_probe_cases import module_copies, time_rounds  # noqa: E402
+from rmsnorm_probe_cases import module_copies, start, time_rounds  # noqa: E402
 
 SHAPES = [  # (M, D, N)
     (1024, 2048, 2048),
@@ -111,12 +108,7 @@ def measure(M: int, D: int, N: int, dev, mod_c, force: list, orig_plan) -> dict 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out_dir", type=Path)
-    a = ap.parse_args()
-    dev = torch.device("cuda")
-    ext = backend.get_ext(dev)
-    print(f"backend {ext.kind} {getattr(ext.module, '__file__', '')}", flush=True)
+    out_dir, dev, ext, res = start(__doc__)
     mod_c = ext.module
     for c, w in WARM.items():  # the side-rstd rule keys on the config's tile
         if c in op._SM90_TILE_NO_CLUSTER:
@@ -131,16 +123,15 @@ def main() -> int:
         return p
 
     op.plan = plan
-    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
-    res.update({"cuda": torch.version.cuda, "warm": WARM, "rows": []})
+    res.update({"warm": WARM, "rows": []})
     with torch.no_grad():
         for M, D, N in SHAPES:
             row = measure(M, D, N, dev, mod_c, force, orig_plan)
             if row is not None:
                 res["rows"].append(row)
     op.plan = orig_plan
-    a.out_dir.mkdir(parents=True, exist_ok=True)
-    (a.out_dir / "probe_rmsnorm_warm.json").write_text(json.dumps(res, indent=1))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "probe_rmsnorm_warm.json").write_text(json.dumps(res, indent=1))
     cols = ["F.linear", "alone", "alone warm", "module", "module warm"]
     print(f"{'M x D x N':>18} cfg " + " ".join(f"{c:>11}" for c in cols) + "  module/F.linear (warm)")
     for r in res["rows"]:

@@ -40,3 +40,23 @@ def time_rounds(fns: dict, rounds: int, run: bool = True) -> dict:
         for k, fl in fns.items():
             t[k].append(harness.time_ms(fl, small=True, rep_ms=40) * 1e3)
     return t
+
+
+def start(doc: str | None = None):
+    """(out_dir, device, extension, results dict with the GPU / torch / Triton / CUDA versions) of a probe run;
+    prints which fused_rmsnorm binary is loaded (a PYTHONPATH probe build must win)."""
+    import argparse
+    from pathlib import Path
+
+    import triton
+    from fused_rmsnorm import backend
+
+    ap = argparse.ArgumentParser(description=doc)
+    ap.add_argument("out_dir", type=Path)
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    ext = backend.get_ext(dev)
+    print(f"backend {ext.kind} {getattr(ext.module, '__file__', '')}", flush=True)
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+    res["cuda"] = torch.version.cuda
+    return a.out_dir, dev, ext, res
