@@ -171,10 +171,13 @@ def test_plan_sm90():
         assert p["path"] == "gemm" and p["config"] == 8, (M, p)
     p = plan("sm90", 33, 4096, 4096, has_gemm=True)
     assert p["path"] == "gemm" and p["config"] == 2
-    p = plan("sm90", 128, 8192, 8192, has_gemm=True)  # W-bound: 64x128 cluster-2 (W tiles multicast)
-    assert p["path"] == "gemm" and p["config"] == 3 and p.get("raster") == 2
-    p = plan("sm90", 1024, 2048, 2048, has_gemm=True)
-    assert p["path"] == "gemm" and p["config"] == 1
+    # session 23: one-wave grids take the non-persistent kernel (it fits beside the rstd kernel's CTAs),
+    # only where its grid is the measured one; one row tile less keeps the persistent config
+    for M, N, K, cfg, tile_m, below in ((1024, 2048, 2048, 12, 128, 1), (512, 4096, 4096, 13, 128, 4),
+                                        (128, 8192, 8192, 14, 64, 2)):  # fmt: skip
+        for m in (M, M - tile_m + 1):
+            assert plan("sm90", m, N, K, has_gemm=True) == {"path": "gemm", "config": cfg, "pdl": True}, (m, N)
+        assert plan("sm90", M - tile_m, N, K, has_gemm=True)["config"] == below, (M, N)
     p = plan("sm90", 4096, 4096, 4096, has_gemm=True)
     assert p["path"] == "gemm" and p["config"] == 0
 
@@ -646,8 +649,8 @@ def test_gpu_compute_sanitizer_memcheck(tmp_path):
         "    w = torch.randn(136, D, device='cuda').half(); b = torch.randn(136, device='cuda').half()\n"
         "    y = fused_rmsnorm_linear(x, g, w, b)\n"
         "import fused_rmsnorm.ops.rmsnorm_linear as op\n"
-        "for c, M in ((7, 5), (8, 17), (11, 5), (11, 16), (1, 300), (4, 300)):  # swap-AB decode configs and\n"
-        "    # two prefill ones with a partial row tile; N = 136: a partial W tile\n"
+        "for c, M in ((7, 5), (8, 17), (11, 5), (11, 16), (1, 300), (4, 300), (12, 300), (14, 300)):\n"
+        "    # swap-AB decode configs, prefill ones with a partial row tile; N = 136: a partial W tile\n"
         "    op.plan = lambda *a, c=c, **k: {'path': 'gemm', 'config': c, 'pdl': True}\n"
         "    x = torch.randn(M, D, device='cuda').half()\n"
         "    y = fused_rmsnorm_linear(x, g, w, b)\n"
@@ -780,7 +783,7 @@ def test_sm90_configs_match_build_and_header():
     src = (_build.CSRC / "gemm_sm90.cu").read_text()
     for c in range(SM90_NUM_CONFIGS):
         assert f"frms_gemm_sm90_cfg{c}" in src and f"FRMS_FWD_OK({c})" in src  # entry + light forwarder
-    assert _build.SM90_LIGHT_CONFIGS == (2, 7, 11)  # one per family: plain, swap-AB, swap-AB self rstd
+    assert _build.SM90_LIGHT_CONFIGS == (2, 7, 11, 12)  # one per family: plain, swap-AB, self rstd, non-persistent
     from fused_rmsnorm.ops.rmsnorm_linear import SM90_SELF_RSTD_TWIN
 
     self_rstd = re.search(r"#define FRMS_SM90_IS_SELF_RSTD\(c\) (.*)", h).group(1)
@@ -900,8 +903,9 @@ def test_gpu_sm90_self_rstd_multi_tile(M, D, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_sm90_prefill_multi_tile_rows(dtype, monkeypatch):
-    """The unswapped, data-parallel SM90 configs 0-5 with several tiles per persistent CTA (M = 4100: 33 row
-    tiles, the last partial; ping-pong CTAs alternate tiles between their two consumer warpgroups). Rows are
+    """The unswapped, data-parallel SM90 configs (0-5, 12-14) with several tiles per CTA (M = 4100: 33 row
+    tiles, the last partial; persistent ping-pong CTAs alternate tiles between their two consumer warpgroups,
+    the non-persistent configs 12-14 run several waves beside the rstd kernel's CTAs). Rows are
     scaled 2^-4..2^4 at random, so a row given another row's rstd is off by that ratio, and each output row
     is checked on its own; repeated launches and CUDA graph replays."""
     from fused_rmsnorm.ops import rmsnorm_linear as op
@@ -919,8 +923,9 @@ def test_gpu_sm90_prefill_multi_tile_rows(dtype, monkeypatch):
         return ((y.double() - ref).norm(dim=1) / ref.norm(dim=1)).max().item()
 
     calls = (lambda: fused_rmsnorm_linear(x, g, w, b), lambda: op.fused_rmsnorm_linear_folded(x, g, w, wf, b))
-    for config in range(6):  # 6 is the stream-K config (test below)
-        assert config not in op.SM90_STREAM_K_CONFIGS and config not in op.SM90_SWAP_CONFIGS
+    plain = [c for c in range(op.SM90_NUM_CONFIGS) if c not in op.SM90_STREAM_K_CONFIGS + op.SM90_SWAP_CONFIGS]
+    assert plain == [0, 1, 2, 3, 4, 5, 12, 13, 14]  # stream-K (6) has its own test below
+    for config in plain:
         monkeypatch.setattr(op, "plan", lambda *a, c=config, **k: {"path": "gemm", "config": c, "pdl": True})
         for _ in range(2):
             for call in calls:

@@ -15,7 +15,7 @@ Translation units (each one nvcc process, run in parallel up to os.cpu_count()):
   the list has none;
 * ``gemm_sm80.cu``: CUTLASS 2.x, compiled for sm_80 only when any 8.x arch is requested (the sm_80
   cubin runs on sm_86 / sm_89);
-* ``gemm_sm90.cu`` x 12 tile configs (one unit each): CUTLASS 3.x, ``sm_90a`` only (plain sm_90 builds stubs);
+* ``gemm_sm90.cu`` x 15 tile configs (one unit each): CUTLASS 3.x, ``sm_90a`` only (plain sm_90 builds stubs);
 * ``binding.cpp``: pybind11, told by macros which GEMMs exist.
 The CUTLASS units are skipped (prefill then uses the torch GEMM) when the CUTLASS headers are absent.
 
@@ -53,8 +53,8 @@ PKG_DIR = Path(__file__).resolve().parent
 CSRC = PKG_DIR / "csrc"
 CONFIG_FILE = PKG_DIR / "build_config.json"
 MODULE_NAME = "_C"
-SM90_CONFIGS = tuple(range(12))  # FRMS_SM90_NUM_CONFIGS in csrc/frms.h
-SM90_LIGHT_CONFIGS = (2, 7, 11)  # --light: one config per family (plain 0-6, swap-AB 7-10, self rstd 11)
+SM90_CONFIGS = tuple(range(15))  # FRMS_SM90_NUM_CONFIGS in csrc/frms.h
+SM90_LIGHT_CONFIGS = (2, 7, 11, 12)  # --light: one per family (plain 0-6, swap-AB 7-10, self rstd 11, basic 12-14)
 
 
 class BuildError(RuntimeError):

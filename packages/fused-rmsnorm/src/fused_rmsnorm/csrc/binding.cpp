@@ -64,7 +64,8 @@ Sm90Entry sm90_entry(int config) {
   static const Sm90Entry table[FRMS_SM90_NUM_CONFIGS] = {
       frms_gemm_sm90_cfg0, frms_gemm_sm90_cfg1, frms_gemm_sm90_cfg2, frms_gemm_sm90_cfg3,
       frms_gemm_sm90_cfg4, frms_gemm_sm90_cfg5, frms_gemm_sm90_cfg6, frms_gemm_sm90_cfg7,
-      frms_gemm_sm90_cfg8, frms_gemm_sm90_cfg9, frms_gemm_sm90_cfg10, frms_gemm_sm90_cfg11};
+      frms_gemm_sm90_cfg8, frms_gemm_sm90_cfg9, frms_gemm_sm90_cfg10, frms_gemm_sm90_cfg11,
+      frms_gemm_sm90_cfg12, frms_gemm_sm90_cfg13, frms_gemm_sm90_cfg14};
   return config >= 0 && config < FRMS_SM90_NUM_CONFIGS ? table[config] : sm90_bad_config;
 }
 #endif

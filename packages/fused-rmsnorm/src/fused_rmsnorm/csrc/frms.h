@@ -17,7 +17,7 @@
 #define FRMS_ERR_VARIANT 100004      // a decode_mma (steps, ldpolicy) variant not compiled for this M
 #define FRMS_ERR_WORKSPACE 100005    // an SM90 GEMM config needs a larger workspace than was passed
 
-#define FRMS_SM90_NUM_CONFIGS 12     // tile configs of gemm_sm90.cu (FRMS_SM90_CFG = 0 .. 11)
+#define FRMS_SM90_NUM_CONFIGS 15     // tile configs of gemm_sm90.cu (FRMS_SM90_CFG = 0 .. 14)
 #define FRMS_SM90_STREAM_K_CONFIG 6  // the one config on the stream-K scheduler (takes splits / a workspace)
 // the configs that compute rstd from x themselves (rstd unused, eps used, never PDL; a must be x)
 #define FRMS_SM90_IS_SELF_RSTD(c) ((c) == 11)
@@ -90,4 +90,7 @@ int frms_gemm_sm90_cfg8(const FrmsSm90Args* p, size_t* workspace_size_out);
 int frms_gemm_sm90_cfg9(const FrmsSm90Args* p, size_t* workspace_size_out);
 int frms_gemm_sm90_cfg10(const FrmsSm90Args* p, size_t* workspace_size_out);
 int frms_gemm_sm90_cfg11(const FrmsSm90Args* p, size_t* workspace_size_out);
+int frms_gemm_sm90_cfg12(const FrmsSm90Args* p, size_t* workspace_size_out);
+int frms_gemm_sm90_cfg13(const FrmsSm90Args* p, size_t* workspace_size_out);
+int frms_gemm_sm90_cfg14(const FrmsSm90Args* p, size_t* workspace_size_out);
 }

@@ -5,7 +5,7 @@
 // vector, plus an optional row-broadcast bias that defaults to 0 when its pointer is null).
 // Configs 7-10 compute the same D with the operands swapped (D^T = W' x^T: W rows are the wgmma M, tokens
 // its N), for decode batches where 64-row token tiles would be mostly padding.
-// This file is compiled once per tile config (FRMS_SM90_CFG = 0..11, see below) and only for sm_90a.
+// This file is compiled once per tile config (FRMS_SM90_CFG = 0..14, see below) and only for sm_90a.
 // Runtime knobs of every config (FrmsSm90Args): the tile scheduler's raster order and max swizzle, and
 // for the stream-K config a split-K count; a workspace is taken only where CUTLASS needs one.
 #include "frms.h"
@@ -40,15 +40,19 @@ using namespace cute;
 // W tile through TMA multicast), the cooperative (both consumer warpgroups on one tile) or
 // ping-pong (one tile per consumer warpgroup) schedule, and the tile scheduler.
 template <int BM, int BN, int CM, bool Coop, class Sched = cutlass::gemm::PersistentScheduler, bool Swap = false,
-          int BK = 64, bool SelfRstd = false>
+          int BK = 64, bool SelfRstd = false, bool Basic = false>
 struct Sm90Cfg {
   static constexpr bool kSwap = Swap;          // BM x BN tile of D^T = W' x^T (BM weight rows x BN tokens)
   static constexpr bool kSelfRstd = SelfRstd;  // rstd from x by the GEMM itself (SelfRstdMainloop)
   static_assert(!SelfRstd || (Swap && !Coop), "self rstd: swap-AB ping-pong configs only");
   using TileShape = Shape<Int<BM>, Int<BN>, Int<BK>>;
   using ClusterShape = Shape<Int<CM>, _1, _1>;
-  using KernelSchedule = std::conditional_t<Coop, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
-                                            cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
+  // Basic: CUTLASS's non-persistent warp-specialized kernel (one producer + one consumer warpgroup, 256
+  // threads, no register reallocation), so a GEMM CTA leaves room on its SM for an rstd CTA
+  using KernelSchedule = std::conditional_t<
+      Basic, cutlass::gemm::KernelTmaWarpSpecialized,
+      std::conditional_t<Coop, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                         cutlass::gemm::KernelTmaWarpSpecializedPingpong>>;
   using EpiSchedule = std::conditional_t<Coop, cutlass::epilogue::TmaWarpSpecializedCooperative,
                                          cutlass::epilogue::TmaWarpSpecialized>;
   using TileSched = Sched;
@@ -87,6 +91,18 @@ using Cfg = Sm90Cfg<64, 32, 2, false, cutlass::gemm::PersistentScheduler, true>;
 #elif FRMS_SM90_CFG == 11
 // 7 computing rstd itself (one launch, no rstd kernel); needs the GEMM's x operand to be x (g folded into W')
 using Cfg = Sm90Cfg<64, 16, 2, false, cutlass::gemm::PersistentScheduler, true, 128, true>;
+#elif FRMS_SM90_CFG >= 12 && FRMS_SM90_CFG <= 14
+// One-wave prefill shapes (about one tile per SM): the non-persistent kernel, one CTA per tile. A persistent
+// CTA (384 threads x 168 registers) takes the whole register file, so under PDL it starts on an SM only when
+// the rstd CTA there retires; this one (256 threads x 154 registers, ~193 KB of shared memory at 128x128)
+// fits beside an 8-warp rstd CTA (48 registers), so every tile starts at once and only its epilogue waits
+// for rstd. With one tile per CTA it does the work of ping-pong config 1, whose second consumer warpgroup
+// idles there. H200, session 23 (scripts/probe_rmsnorm_basic.py), module path, us: M1024 D2048 N2048 16.59
+// shipped (config 1) -> 15.55 (12); M512 4096^2 29.08 (4) -> 27.40 (13); M128 D8192 N8192 40.53 (3) ->
+// 39.73 (14). Scheduler knobs do not apply (grid = tiles); several waves lose (M2048 2048^2: 29.4 vs 28.9).
+// 12 = 128x128, 13 = 128x128 with a 2-CTA cluster along M, 14 = 64x128 with a 2-CTA cluster along M.
+using Cfg = Sm90Cfg<FRMS_SM90_CFG == 14 ? 64 : 128, 128, FRMS_SM90_CFG == 12 ? 1 : 2, false,
+                    cutlass::gemm::PersistentScheduler, false, 64, false, true>;
 #else
 #error "unknown FRMS_SM90_CFG"
 #endif
@@ -584,9 +600,9 @@ extern "C" int FRMS_ENTRY(const FrmsSm90Args* p, size_t* workspace_size_out) {
 
 #ifdef FRMS_SM90_LIGHT
 // CI compile check (--light): one tile config per family (0..6 plain, 7..10 swap-AB, 11 swap-AB with
-// self rstd) is compiled for real, and each unit defines the family's other entry points as forwarders
-// to it, so the module links and every template path is still compiled once.
-#define FRMS_FAMILY(c) ((c) <= 6 ? 0 : (c) <= 10 ? 1 : 2)
+// self rstd, 12..14 non-persistent) is compiled for real, and each unit defines the family's other entry
+// points as forwarders to it, so the module links and every template path is still compiled once.
+#define FRMS_FAMILY(c) ((c) <= 6 ? 0 : (c) <= 10 ? 1 : (c) == 11 ? 2 : 3)
 #define FRMS_FWD_OK(c) (FRMS_SM90_CFG != (c) && FRMS_FAMILY(c) == FRMS_FAMILY(FRMS_SM90_CFG))
 #define FRMS_FORWARD(name) \
   extern "C" int name(const FrmsSm90Args* p, size_t* ws) { return FRMS_ENTRY(p, ws); }
@@ -625,5 +641,14 @@ FRMS_FORWARD(frms_gemm_sm90_cfg10)
 #endif
 #if FRMS_FWD_OK(11)
 FRMS_FORWARD(frms_gemm_sm90_cfg11)
+#endif
+#if FRMS_FWD_OK(12)
+FRMS_FORWARD(frms_gemm_sm90_cfg12)
+#endif
+#if FRMS_FWD_OK(13)
+FRMS_FORWARD(frms_gemm_sm90_cfg13)
+#endif
+#if FRMS_FWD_OK(14)
+FRMS_FORWARD(frms_gemm_sm90_cfg14)
 #endif
 #endif

@@ -190,7 +190,7 @@ def mma_variant_args(cfg: dict) -> tuple[int, int, int]:
     return steps, _LDPOLICY[pol], int(wload)
 
 
-SM90_NUM_CONFIGS = 12  # csrc/frms.h FRMS_SM90_NUM_CONFIGS
+SM90_NUM_CONFIGS = 15  # csrc/frms.h FRMS_SM90_NUM_CONFIGS
 SM90_STREAM_K_CONFIGS = (6,)  # csrc/frms.h FRMS_SM90_STREAM_K_CONFIG: the config that takes splits / a workspace
 
 

@@ -1,0 +1,136 @@
+"""GPU probe: the prefill GEMM as CUTLASS's non-persistent warp-specialized kernel (configs 12-14).
+
+    python scripts/probe_rmsnorm_basic.py OUTDIR     (needs a build with FRMS_SM90_NUM_CONFIGS >= 15)
+
+The shipped prefill configs are CUTLASS's persistent kernels: 384 threads x 168 registers, the whole register
+file. So under PDL a GEMM CTA starts on an SM only once the rstd CTA there retires, and the rstd kernel's
+latency sits in front of every tile. CUTLASS's non-persistent `KernelTmaWarpSpecialized` runs one producer and
+one consumer warpgroup (256 threads x 154 registers, ~193 KB of shared memory for the 128x128 tile): an 8-warp
+rstd CTA (48 registers) fits beside it, so the GEMM can start everywhere at once. At one tile per CTA it does
+the same work as ping-pong config 1, whose second consumer warpgroup then idles. Configs: 12 = 128x128,
+13 = 128x128 with a 2-CTA cluster along M, 14 = 64x128 with a 2-CTA cluster.
+
+Checks each variant's output against an fp32 reference, then times interleaved rounds: F.linear, the shipped
+module path, the module path forced onto configs 1 / 12 / 13 / 14, and the GEMMs alone on a precomputed rstd
+(CUDA graphs, weight sets rotated out of L2). Prints a table last.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path += [str(d) for d in sorted((REPO / "packages").glob("*/src"))]  # a PYTHONPATH probe build wins
+
+from fused_rmsnorm.ops import rmsnorm_linear as op  # noqa: E402
+from rmsnorm_probe_cases import module_copies, start, time_rounds  # noqa: E402
+
+SHAPES = [  # (M, D, N, configs forced on the module path)
+    (1024, 2048, 2048, (1, 12, 13)),
+    (512, 4096, 4096, (1, 12, 13)),
+    (128, 8192, 8192, (14,)),
+    (256, 4096, 4096, (12, 14)),
+    (300, 5120, 5120, (12, 14)),
+    (2048, 2048, 2048, (12,)),
+    (1024, 4096, 4096, (12,)),
+]
+ALONE = (1, 12)  # GEMM alone on a precomputed rstd (no PDL), where the shape's forced list has them
+ROUNDS = 3
+L2_BYTES = 60 * 2**20
+EPS = 1e-6
+_plan = op.plan
+FORCE: list = [None]
+
+
+def forced_plan(arch, M, N, K, **kw):
+    if FORCE[0] is None:
+        return _plan(arch, M, N, K, **kw)
+    return {"path": "gemm", "config": FORCE[0], "pdl": True}
+
+
+op.plan = forced_plan
+
+
+def measure(M: int, D: int, N: int, forced, dev, ext) -> dict:
+    x, mods = module_copies(M, D, N, dev, L2_BYTES)
+
+    def module(m, cfg):
+        def run():
+            FORCE[0] = cfg
+            try:
+                return m(x)
+            finally:
+                FORCE[0] = None
+
+        return run
+
+    rstd = torch.rsqrt(x.float().pow(2).mean(-1) + EPS)
+    wfs = [op.fold_weight(m.norm_weight, m.weight) for m in mods]
+
+    def alone(wf, cfg):
+        out = torch.empty(M, N, device=dev, dtype=torch.bfloat16)
+
+        def run():  # the stream at call time: the timer captures its CUDA graphs on a side stream
+            stream = torch.cuda.current_stream().cuda_stream
+            ext.module.gemm_sm90(
+                1, cfg, x.data_ptr(), x.stride(0), wf.data_ptr(), wf.stride(0), rstd.data_ptr(), 0,
+                out.data_ptr(), out.stride(0), M, N, D, False, stream, 0, 1, 1, 0, 0, EPS, 0,
+            )  # fmt: skip
+            return out
+
+        return run
+
+    fns = {"F.linear": [lambda m=m: F.linear(x, m.weight) for m in mods], "module": [module(m, None) for m in mods]}
+    for c in forced:
+        fns[f"module c{c}"] = [module(m, c) for m in mods]
+    for c in ALONE:
+        if c in forced:
+            fns[f"alone c{c}"] = [alone(wf, c) for wf in wfs]
+    outs = {}
+    for k, v in fns.items():
+        outs[k] = v[0]().clone()
+    torch.cuda.synchronize()
+    xf = x.float()
+    ref = (xf * rstd[:, None] * mods[0].norm_weight.float()) @ mods[0].weight.float().t()
+    err = {k: ((o.float() - ref).norm() / ref.norm()).item() for k, o in outs.items() if k != "F.linear"}
+    same = {k: bool(torch.equal(o, outs["module"])) for k, o in outs.items() if k not in ("F.linear", "module")}
+    ok = all(e <= 1e-2 for e in err.values())
+    t = time_rounds(fns, ROUNDS, run=ok)
+    p = _plan(op.arch_key(dev), M, N, D, has_gemm=True)
+    row = {"M": M, "D": D, "N": N, "plan": p, "rel_err": err, "same_bits_as_module": same, "us": t}
+    row["median"] = {k: round(statistics.median(v), 3) for k, v in t.items() if v}
+    print(f"M{M} D{D} N{N} {p}: ok {ok} err {json.dumps(err)} " + json.dumps(row["median"]), flush=True)
+    return row
+
+
+def main() -> int:
+    out_dir, dev, ext, res = start(__doc__)
+    if ext.module.num_sm90_configs() < 15:
+        raise SystemExit("this build has no configs 12-14")
+    with torch.no_grad():
+        res["rows"] = [measure(M, D, N, f, dev, ext) for M, D, N, f in SHAPES]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "probe_rmsnorm_basic.json").write_text(json.dumps(res, indent=1))
+    ok = True
+    for r in res["rows"]:
+        md = r["median"]
+        if not md:
+            ok = False
+            print(f"M{r['M']} D{r['D']} N{r['N']} FAILED {r['rel_err']}")
+            continue
+        fl = md["F.linear"]
+        cells = " ".join(f"{k} {v:.2f} ({v / fl:.3f})" for k, v in md.items() if k != "F.linear")
+        print(f"M{r['M']} D{r['D']} N{r['N']} cfg {r['plan'].get('config', '-')}: F.linear {fl:.2f} | {cells}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
