@@ -16,7 +16,6 @@ with F.linear on the same weights (CUDA graphs, weight sets rotated out of L2). 
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 sys.path += [str(d) for d in sorted((REPO / "packages").glob("*/src"))]  # a PYTHONPATH probe build wins
 
 from fused_rmsnorm.ops import rmsnorm_linear as op  # noqa: E402
-from rmsnorm_probe_cases import module_copies, start, time_rounds  # noqa: E402
+from rmsnorm_probe_cases import checked_row, module_copies, start  # noqa: E402
 
 SHAPES = [  # (M, D, N)
     (1024, 2048, 2048),
@@ -96,15 +95,8 @@ def measure(M: int, D: int, N: int, dev) -> dict:
     ref = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * mod.norm_weight.float()) @ (
         mods[0].weight.float().t()
     )
-    err = {k: ((o.float() - ref).norm() / ref.norm()).item() for k, o in outs.items() if k != "F.linear"}
-    same = bool(torch.equal(outs["module"], outs["module lean"]))
-    ok = all(e <= 1e-2 for e in err.values()) and same
-    t = time_rounds(fns, ROUNDS, run=ok)
-    p = op.plan(op.arch_key(dev), M, N, D, has_gemm=True)
-    row = {"M": M, "D": D, "N": N, "plan": p, "rel_err": err, "bit_identical": same, "us": t}
-    row["median"] = {k: round(statistics.median(v), 3) for k, v in t.items() if v}
-    print(f"M{M} D{D} N{N} {p}: ok {ok} " + json.dumps(row["median"]), flush=True)
-    return row
+    same = {"module lean": bool(torch.equal(outs["module"], outs["module lean"]))}
+    return checked_row(M, D, N, op.plan(op.arch_key(dev), M, N, D, has_gemm=True), fns, outs, ref, ROUNDS, same)
 
 
 def main() -> int:

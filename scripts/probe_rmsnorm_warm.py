@@ -16,7 +16,6 @@ outputs must be bit-identical. Prints a table last.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 sys.path += [str(d) for d in sorted((REPO / "packages").glob("*/src"))]  # a PYTHONPATH probe build wins
 
 from fused_rmsnorm.ops import rmsnorm_linear as op  # noqa: E402
-from rmsnorm_probe_cases import module_copies, start, time_rounds  # noqa: E402
+from rmsnorm_probe_cases import checked_row, module_copies, start  # noqa: E402
 
 SHAPES = [  # (M, D, N)
     (1024, 2048, 2048),
@@ -94,17 +93,11 @@ def measure(M: int, D: int, N: int, dev, mod_c, force: list, orig_plan) -> dict 
     outs = {k: v[0]().clone() for k, v in fns.items()}
     torch.cuda.synchronize()
     ref = (xf * rstd[:, None] * mod.norm_weight.float()) @ mods[0].weight.float().t()
-    err = {k: ((o.float() - ref).norm() / ref.norm()).item() for k, o in outs.items() if k != "F.linear"}
     same = {
         "alone": bool(torch.equal(outs["alone"], outs["alone warm"])),
         "module": bool(torch.equal(outs["module"], outs["module warm"])),
     }
-    ok = all(e <= 1e-2 for e in err.values()) and all(same.values())
-    t = time_rounds(fns, ROUNDS, run=ok)
-    row = {"M": M, "D": D, "N": N, "plan": p0, "rel_err": err, "bit_identical": same, "us": t}
-    row["median"] = {k: round(statistics.median(v), 3) for k, v in t.items() if v}
-    print(f"M{M} D{D} N{N} cfg{cfg}: ok {ok} {json.dumps(same)} " + json.dumps(row["median"]), flush=True)
-    return row
+    return checked_row(M, D, N, p0, fns, outs, ref, ROUNDS, same)
 
 
 def main() -> int:

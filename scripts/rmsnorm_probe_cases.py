@@ -1,4 +1,4 @@
-"""Shared setup of the fused-rmsnorm module-path probes (probe_rmsnorm_warm.py, probe_rmsnorm_lean.py)."""
+"""Shared setup of the fused-rmsnorm module-path probes (probe_rmsnorm_warm.py, _lean.py, _basic.py)."""
 
 from __future__ import annotations
 
@@ -40,6 +40,21 @@ def time_rounds(fns: dict, rounds: int, run: bool = True) -> dict:
         for k, fl in fns.items():
             t[k].append(harness.time_ms(fl, small=True, rep_ms=40) * 1e3)
     return t
+
+
+def checked_row(M: int, D: int, N: int, plan: dict, fns: dict, outs: dict, ref, rounds: int, same: dict) -> dict:
+    """The row a probe writes for one shape: relative error of every output but F.linear's against ref, and
+    timing rounds only when all are <= 1e-2 and every bit-identity flag in `same` holds; printed as well."""
+    import json
+    import statistics
+
+    err = {k: ((o.float() - ref).norm() / ref.norm()).item() for k, o in outs.items() if k != "F.linear"}
+    ok = all(e <= 1e-2 for e in err.values()) and all(same.values())
+    t = time_rounds(fns, rounds, run=ok)
+    row = {"M": M, "D": D, "N": N, "plan": plan, "rel_err": err, "bit_identical": same, "us": t}
+    row["median"] = {k: round(statistics.median(v), 3) for k, v in t.items() if v}
+    print(f"M{M} D{D} N{N} {plan}: ok {ok} {json.dumps(same)} " + json.dumps(row["median"]), flush=True)
+    return row
 
 
 def start(doc: str | None = None):
