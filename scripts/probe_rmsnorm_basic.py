@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 sys.path += [str(d) for d in sorted((REPO / "packages").glob("*/src"))]  # a PYTHONPATH probe build wins
 
 from fused_rmsnorm.ops import rmsnorm_linear as op  # noqa: E402
-from rmsnorm_probe_cases import checked_row, module_copies, start  # noqa: E402
+from rmsnorm_probe_cases import checked_row, flagged_call, module_copies, start  # noqa: E402
 
 SHAPES = [  # (M, D, N, configs forced on the module path)
     (1024, 2048, 2048, (1, 12, 13)),
@@ -62,14 +62,7 @@ def measure(M: int, D: int, N: int, forced, dev, ext) -> dict:
     x, mods = module_copies(M, D, N, dev, L2_BYTES)
 
     def module(m, cfg):
-        def run():
-            FORCE[0] = cfg
-            try:
-                return m(x)
-            finally:
-                FORCE[0] = None
-
-        return run
+        return flagged_call(m, x, FORCE, cfg, None)
 
     rstd = torch.rsqrt(x.float().pow(2).mean(-1) + EPS)
     wfs = [op.fold_weight(m.norm_weight, m.weight) for m in mods]

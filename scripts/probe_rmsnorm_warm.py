@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 sys.path += [str(d) for d in sorted((REPO / "packages").glob("*/src"))]  # a PYTHONPATH probe build wins
 
 from fused_rmsnorm.ops import rmsnorm_linear as op  # noqa: E402
-from rmsnorm_probe_cases import checked_row, module_copies, start  # noqa: E402
+from rmsnorm_probe_cases import checked_row, flagged_call, module_copies, start  # noqa: E402
 
 SHAPES = [  # (M, D, N)
     (1024, 2048, 2048),
@@ -74,14 +74,7 @@ def measure(M: int, D: int, N: int, dev, mod_c, force: list, orig_plan) -> dict 
         return run
 
     def module(m, warm):
-        def run():
-            force[0] = warm
-            try:
-                return m(x)
-            finally:
-                force[0] = False
-
-        return run
+        return flagged_call(m, x, force, warm, False)
 
     fns = {
         "F.linear": [lambda m=m: F.linear(x, m.weight) for m in mods],

@@ -26,6 +26,19 @@ def module_copies(M: int, D: int, N: int, dev, l2_bytes: int) -> tuple[torch.Ten
     return x, mods
 
 
+def flagged_call(m, x, box: list, on, off):
+    """A callable running m(x) with box[0] = on (a probe's switch, read where the op launches), then off again."""
+
+    def run():
+        box[0] = on
+        try:
+            return m(x)
+        finally:
+            box[0] = off
+
+    return run
+
+
 def time_rounds(fns: dict, rounds: int, run: bool = True) -> dict:
     """Median-per-round microseconds of each variant's rotated callables, variants interleaved within each
     round (CUDA-graph timing); every callable runs once first (first calls fold W' outside the graphs).
