@@ -1,6 +1,7 @@
 """GPU probe: the prefill GEMM as CUTLASS's non-persistent warp-specialized kernel (configs 12-14).
 
     python scripts/probe_rmsnorm_basic.py OUTDIR     (needs a build with FRMS_SM90_NUM_CONFIGS >= 15)
+    PROBE_BASIC_SET=wide|odd python scripts/probe_rmsnorm_basic.py OUTDIR     (other shape sets: SETS below)
 
 The shipped prefill configs are CUTLASS's persistent kernels: 384 threads x 168 registers, the whole register
 file. So under PDL a GEMM CTA starts on an SM only once the rstd CTA there retires, and the rstd kernel's
@@ -18,6 +19,7 @@ module path, the module path forced onto configs 1 / 12 / 13 / 14, and the GEMMs
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -41,6 +43,33 @@ SHAPES = [  # (M, D, N, configs forced on the module path)
     (2048, 2048, 2048, (12,)),
     (1024, 4096, 4096, (12,)),
 ]
+# one-wave grids off the suite (100-132 tiles of 128x128 at M >= 257, where the table's default is a persistent
+# config) and two controls (96 tiles; 128 tiles at small K): does config 12 win there as well?
+WIDE = [
+    (2048, 4096, 1024, (12, 13)),
+    (768, 2048, 2816, (12, 13)),
+    (640, 8192, 3072, (12, 13)),
+    (1024, 4096, 1792, (12, 13)),
+    (4096, 1024, 512, (12, 13)),
+    (512, 14336, 4096, (12, 13)),
+    (1000, 2048, 2048, (1, 12)),
+    (300, 5120, 5120, (12,)),
+    (384, 4096, 4096, (12, 13)),
+    (2048, 512, 1024, (12, 13)),
+]
+# cluster-2-along-M configs at odd row-tile counts (the 4096^2 entry's config 4 took 34.5 us at M384 in the wide
+# set, config 12 24.9), and two more one-wave grids
+ODD = [
+    (384, 4096, 4096, (4, 1, 12, 0)),
+    (640, 4096, 4096, (4, 1, 12)),
+    (896, 4096, 4096, (4, 1, 12)),
+    (768, 4096, 4096, (4, 1)),
+    (1152, 4096, 4096, (0, 1)),
+    (3968, 4096, 4096, (0, 1)),
+    (1536, 2048, 1280, (1, 12)),
+    (896, 3072, 2048, (1, 12)),
+]
+SETS = {"suite": SHAPES, "wide": WIDE, "odd": ODD}
 ALONE = (1, 12)  # GEMM alone on a precomputed rstd (no PDL), where the shape's forced list has them
 ROUNDS = 3
 L2_BYTES = 60 * 2**20
@@ -103,7 +132,8 @@ def main() -> int:
     if ext.module.num_sm90_configs() < 15:
         raise SystemExit("this build has no configs 12-14")
     with torch.no_grad():
-        res["rows"] = [measure(M, D, N, f, dev, ext) for M, D, N, f in SHAPES]
+        shapes = SETS[os.environ.get("PROBE_BASIC_SET", "suite")]
+        res["rows"] = [measure(M, D, N, f, dev, ext) for M, D, N, f in shapes]
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "probe_rmsnorm_basic.json").write_text(json.dumps(res, indent=1))
     ok = True

@@ -172,12 +172,20 @@ def test_plan_sm90():
     p = plan("sm90", 33, 4096, 4096, has_gemm=True)
     assert p["path"] == "gemm" and p["config"] == 2
     # session 23: one-wave grids take the non-persistent kernel (it fits beside the rstd kernel's CTAs),
-    # only where its grid is the measured one; one row tile less keeps the persistent config
-    for M, N, K, cfg, tile_m, below in ((1024, 2048, 2048, 12, 128, 1), (512, 4096, 4096, 13, 128, 4),
+    # only where its grid is the measured one; one row tile less goes to the next entry (at 2048^2 the T128 rule)
+    for M, N, K, cfg, tile_m, below in ((1024, 2048, 2048, 12, 128, 12), (512, 4096, 4096, 13, 128, 12),
                                         (128, 8192, 8192, 14, 64, 2)):  # fmt: skip
         for m in (M, M - tile_m + 1):
             assert plan("sm90", m, N, K, has_gemm=True) == {"path": "gemm", "config": cfg, "pdl": True}, (m, N)
         assert plan("sm90", M - tile_m, N, K, has_gemm=True)["config"] == below, (M, N)
+    # 4096^2: no 2-CTA-cluster-along-M config at M 257..1152 but M 385..512 (slow at odd row-tile counts)
+    assert [plan("sm90", m, 4096, 4096, has_gemm=True)["config"] for m in (257, 384, 513, 768, 1023, 1025, 1152)] == [
+        12, 12, 1, 1, 1, 1, 1]  # fmt: skip
+    # any other grid of 100..132 tiles of 128 x 128 at M >= 257 (T128) takes config 12; fewer tiles do not
+    for M, N, K in ((768, 2816, 2048), (4096, 512, 1024), (300, 5120, 5120), (1536, 1280, 2048)):
+        assert plan("sm90", M, N, K, has_gemm=True)["config"] == 12, (M, N, K)
+    for M, N, K in ((300, 3072, 5120), (256, 6144, 4096), (2048, 2048, 2048)):  # 72 and 96 tiles; M <= 256; 256
+        assert plan("sm90", M, N, K, has_gemm=True)["config"] != 12, (M, N, K)
     p = plan("sm90", 4096, 4096, 4096, has_gemm=True)
     assert p["path"] == "gemm" and p["config"] == 0
 

@@ -86,7 +86,8 @@ def plan(arch: str, M: int, N: int, K: int, *, has_gemm: bool, has_mma: bool = T
     W' = W * g; without it (a functional call) an entry's optional "fn" config replaces it (the GEMM
     configs then pay a per-call x * g, which decode_mma does not).
     """
-    cfg = _TUNING.lookup(arch, M=M, N=N, K=K, MN=M * N)
+    # T128: tiles of a 128 x 128 output grid, so an entry can ask for about one wave of such tiles
+    cfg = _TUNING.lookup(arch, M=M, N=N, K=K, MN=M * N, T128=-(-M // 128) * -(-N // 128))
     fn = cfg.pop("fn", None)
     if fn is not None and not folded:
         cfg = dict(fn)
