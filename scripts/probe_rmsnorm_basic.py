@@ -1,7 +1,8 @@
-"""GPU probe: the prefill GEMM as CUTLASS's non-persistent warp-specialized kernel (configs 12-14).
+"""GPU probe: the prefill GEMM as CUTLASS's non-persistent warp-specialized kernel (configs 12-14), and other
+forced tile configs on the module path.
 
     python scripts/probe_rmsnorm_basic.py OUTDIR     (needs a build with FRMS_SM90_NUM_CONFIGS >= 15)
-    PROBE_BASIC_SET=wide|odd python scripts/probe_rmsnorm_basic.py OUTDIR     (other shape sets: SETS below)
+    PROBE_BASIC_SET=wide|odd|mid|mid2 python scripts/probe_rmsnorm_basic.py OUTDIR     (other shape sets: SETS below)
 
 The shipped prefill configs are CUTLASS's persistent kernels: 384 threads x 168 registers, the whole register
 file. So under PDL a GEMM CTA starts on an SM only once the rstd CTA there retires, and the rstd kernel's
@@ -12,8 +13,9 @@ the same work as ping-pong config 1, whose second consumer warpgroup then idles.
 13 = 128x128 with a 2-CTA cluster along M, 14 = 64x128 with a 2-CTA cluster.
 
 Checks each variant's output against an fp32 reference, then times interleaved rounds: F.linear, the shipped
-module path, the module path forced onto configs 1 / 12 / 13 / 14, and the GEMMs alone on a precomputed rstd
-(CUDA graphs, weight sets rotated out of L2). Prints a table last.
+module path, the module path forced onto the shape's configs (an int, or a dict of gemm keys such as
+{"config": 0, "swizzle": 8}), and the GEMMs alone on a precomputed rstd (CUDA graphs, weight sets rotated out
+of L2). Prints a table last.
 """
 
 from __future__ import annotations
@@ -69,7 +71,14 @@ ODD = [
     (1536, 2048, 1280, (1, 12)),
     (896, 3072, 2048, (1, 12)),
 ]
-SETS = {"suite": SHAPES, "wide": WIDE, "odd": ODD}
+# 4096^2 at M 1153..4095, where session 4's entry (config 0 with swizzle 8) was measured near M1024 only: in session
+# 24's first run config 1 took 84.5 us at M1536 against 103.4 for the table (F.linear 80.6)
+C0S8 = {"config": 0, "swizzle": 8}
+MID = [(m, 4096, 4096, (C0S8, 1)) for m in (1280, 1536, 1792, 2304, 2560, 2816, 3072, 3328, 3584, 3840)]
+# the same question where the table's MN rule sends M >= 2049 (N14336) / M >= 513 (8192^2) to config 0
+MID2 = [(m, 4096, 14336, (0, 1)) for m in (2304, 2816, 3328, 3840)]
+MID2 += [(m, 8192, 8192, (0, 1)) for m in (640, 1152, 1536, 2304, 3328)]
+SETS = {"suite": SHAPES, "wide": WIDE, "odd": ODD, "mid": MID, "mid2": MID2}
 ALONE = (1, 12)  # GEMM alone on a precomputed rstd (no PDL), where the shape's forced list has them
 ROUNDS = 3
 L2_BYTES = 60 * 2**20
@@ -81,7 +90,15 @@ FORCE: list = [None]
 def forced_plan(arch, M, N, K, **kw):
     if FORCE[0] is None:
         return _plan(arch, M, N, K, **kw)
-    return {"path": "gemm", "config": FORCE[0], "pdl": True}
+    forced = FORCE[0] if isinstance(FORCE[0], dict) else {"config": FORCE[0]}
+    return {"path": "gemm", "pdl": True, **forced}
+
+
+def label(c) -> str:
+    """c12, or c0s8 for {"config": 0, "swizzle": 8}"""
+    if not isinstance(c, dict):
+        return f"c{c}"
+    return f"c{c['config']}" + "".join(f"{k[0]}{v}" for k, v in c.items() if k != "config")
 
 
 op.plan = forced_plan
@@ -111,7 +128,7 @@ def measure(M: int, D: int, N: int, forced, dev, ext) -> dict:
 
     fns = {"F.linear": [lambda m=m: F.linear(x, m.weight) for m in mods], "module": [module(m, None) for m in mods]}
     for c in forced:
-        fns[f"module c{c}"] = [module(m, c) for m in mods]
+        fns[f"module {label(c)}"] = [module(m, c) for m in mods]
     for c in ALONE:
         if c in forced:
             fns[f"alone c{c}"] = [alone(wf, c) for wf in wfs]
@@ -129,10 +146,11 @@ def measure(M: int, D: int, N: int, forced, dev, ext) -> dict:
 
 def main() -> int:
     out_dir, dev, ext, res = start(__doc__)
+    which = os.environ.get("PROBE_BASIC_SET", "suite")
     if ext.module.num_sm90_configs() < 15:
         raise SystemExit("this build has no configs 12-14")
     with torch.no_grad():
-        shapes = SETS[os.environ.get("PROBE_BASIC_SET", "suite")]
+        shapes = SETS[which]
         res["rows"] = [measure(M, D, N, f, dev, ext) for M, D, N, f in shapes]
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "probe_rmsnorm_basic.json").write_text(json.dumps(res, indent=1))

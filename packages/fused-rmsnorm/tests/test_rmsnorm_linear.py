@@ -178,9 +178,12 @@ def test_plan_sm90():
         for m in (M, M - tile_m + 1):
             assert plan("sm90", m, N, K, has_gemm=True) == {"path": "gemm", "config": cfg, "pdl": True}, (m, N)
         assert plan("sm90", M - tile_m, N, K, has_gemm=True)["config"] == below, (M, N)
-    # 4096^2: no 2-CTA-cluster-along-M config at M 257..1152 but M 385..512 (slow at odd row-tile counts)
-    assert [plan("sm90", m, 4096, 4096, has_gemm=True)["config"] for m in (257, 384, 513, 768, 1023, 1025, 1152)] == [
-        12, 12, 1, 1, 1, 1, 1]  # fmt: skip
+    # 4096^2: no 2-CTA-cluster-along-M config at M 257..1152 but M 385..512 (slow at odd row-tile counts), and
+    # (session 24) config 1 at M 1153..4095 but M 1664..2048 and 3712..4095
+    ms = (257, 384, 513, 768, 1023, 1025, 1152, 1280, 1663, 1664, 2048, 2049, 3072, 3711, 3712, 4095, 4096)
+    assert [plan("sm90", m, 4096, 4096, has_gemm=True)["config"] for m in ms] == [
+        12, 12, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 0]  # fmt: skip
+    assert [plan("sm90", m, 4096, 4096, has_gemm=True).get("swizzle", 1) for m in (1664, 3712, 4096)] == [8, 8, 1]
     # any other grid of 100..132 tiles of 128 x 128 at M >= 257 (T128) takes config 12; fewer tiles do not
     for M, N, K in ((768, 2816, 2048), (4096, 512, 1024), (300, 5120, 5120), (1536, 1280, 2048)):
         assert plan("sm90", M, N, K, has_gemm=True)["config"] == 12, (M, N, K)
