@@ -2,7 +2,8 @@
 forced tile configs on the module path.
 
     python scripts/probe_rmsnorm_basic.py OUTDIR     (needs a build with FRMS_SM90_NUM_CONFIGS >= 15)
-    PROBE_BASIC_SET=wide|odd|mid|mid2 python scripts/probe_rmsnorm_basic.py OUTDIR     (other shape sets: SETS below)
+    PROBE_BASIC_SET=<set> python scripts/probe_rmsnorm_basic.py OUTDIR     (other shape sets, SETS below: wide, odd,
+    mid, mid2 .. mid5)
 
 The shipped prefill configs are CUTLASS's persistent kernels: 384 threads x 168 registers, the whole register
 file. So under PDL a GEMM CTA starts on an SM only once the rstd CTA there retires, and the rstd kernel's
@@ -78,7 +79,15 @@ MID = [(m, 4096, 4096, (C0S8, 1)) for m in (1280, 1536, 1792, 2304, 2560, 2816, 
 # the same question where the table's MN rule sends M >= 2049 (N14336) / M >= 513 (8192^2) to config 0
 MID2 = [(m, 4096, 14336, (0, 1)) for m in (2304, 2816, 3328, 3840)]
 MID2 += [(m, 8192, 8192, (0, 1)) for m in (640, 1152, 1536, 2304, 3328)]
-SETS = {"suite": SHAPES, "wide": WIDE, "odd": ODD, "mid": MID, "mid2": MID2}
+# the rows still >= 1.09x F.linear after those two sets: other tiles, stream-K (6) and scheduler knobs
+C1S2, C1R1 = {"config": 1, "swizzle": 2}, {"config": 1, "raster": 1}
+MID3 = [(m, 4096, 4096, (1, 6, 4, C1S2, C1R1)) for m in (1280, 2304, 2816, 3328)]
+MID3 += [(m, 8192, 8192, (0, 1, 6, 4, 5)) for m in (640, 1152, 2304)]
+# stream-K (6) won at 8192^2 M640 / M1152 in mid3: the row counts around them
+MID4 = [(m, 8192, 8192, (6,)) for m in (768, 896, 1024, 1280, 1408, 1536)]
+# a confirming run of the stream-K entries against the configs the table gave before
+MID5 = [(640, 8192, 8192, (1,)), (896, 8192, 8192, (1,)), (1152, 8192, 8192, (0,))]
+SETS = {"suite": SHAPES, "wide": WIDE, "odd": ODD, "mid": MID, "mid2": MID2, "mid3": MID3, "mid4": MID4, "mid5": MID5}
 ALONE = (1, 12)  # GEMM alone on a precomputed rstd (no PDL), where the shape's forced list has them
 ROUNDS = 3
 L2_BYTES = 60 * 2**20

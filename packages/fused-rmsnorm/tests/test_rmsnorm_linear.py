@@ -184,6 +184,9 @@ def test_plan_sm90():
     assert [plan("sm90", m, 4096, 4096, has_gemm=True)["config"] for m in ms] == [
         12, 12, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 0]  # fmt: skip
     assert [plan("sm90", m, 4096, 4096, has_gemm=True).get("swizzle", 1) for m in (1664, 3712, 4096)] == [8, 8, 1]
+    # 8192^2: stream-K (config 6) at the row-tile counts it won at (5, 7 and 9 tiles of 128 rows)
+    ms = (512, 513, 640, 641, 768, 769, 896, 897, 1024, 1025, 1152, 1153)
+    assert [plan("sm90", m, 8192, 8192, has_gemm=True)["config"] for m in ms] == [1, 6, 6, 1, 1, 6, 6, 1, 0, 6, 6, 0]
     # any other grid of 100..132 tiles of 128 x 128 at M >= 257 (T128) takes config 12; fewer tiles do not
     for M, N, K in ((768, 2816, 2048), (4096, 512, 1024), (300, 5120, 5120), (1536, 1280, 2048)):
         assert plan("sm90", M, N, K, has_gemm=True)["config"] == 12, (M, N, K)
