@@ -3,7 +3,7 @@ forced tile configs on the module path.
 
     python scripts/probe_rmsnorm_basic.py OUTDIR     (needs a build with FRMS_SM90_NUM_CONFIGS >= 15)
     PROBE_BASIC_SET=<set> python scripts/probe_rmsnorm_basic.py OUTDIR     (other shape sets, SETS below: wide, odd,
-    mid, mid2 .. mid5)
+    mid, mid2 .. mid5, llm)
 
 The shipped prefill configs are CUTLASS's persistent kernels: 384 threads x 168 registers, the whole register
 file. So under PDL a GEMM CTA starts on an SM only once the rstd CTA there retires, and the rstd kernel's
@@ -87,7 +87,12 @@ MID3 += [(m, 8192, 8192, (0, 1, 6, 4, 5)) for m in (640, 1152, 2304)]
 MID4 = [(m, 8192, 8192, (6,)) for m in (768, 896, 1024, 1280, 1408, 1536)]
 # a confirming run of the stream-K entries against the configs the table gave before
 MID5 = [(640, 8192, 8192, (1,)), (896, 8192, 8192, (1,)), (1152, 8192, 8192, (0,))]
+# model projections after a norm (Llama-3 8B / 70B qkv and gate+up) at mid row counts: configs 0, 1, stream-K
+# (not run yet: session 24 had no device time left for it)
+LLM = [(m, d, n, (0, 1, 6)) for d, n in ((4096, 6144), (4096, 28672), (8192, 10240), (8192, 28672))
+       for m in (1536, 2304)]  # fmt: skip
 SETS = {"suite": SHAPES, "wide": WIDE, "odd": ODD, "mid": MID, "mid2": MID2, "mid3": MID3, "mid4": MID4, "mid5": MID5}
+SETS["llm"] = LLM
 ALONE = (1, 12)  # GEMM alone on a precomputed rstd (no PDL), where the shape's forced list has them
 ROUNDS = 3
 L2_BYTES = 60 * 2**20
