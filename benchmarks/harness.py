@@ -7,6 +7,9 @@
   inputs do not sit in L2 (H200 L2 = 60 MB).
 * Every record carries FLOP and byte counts, the anchor timed in the same run and
   the ratio anchor_time / our_time (> 1 means we are faster).
+* ``Suite.compare`` times the impls of a case in interleaved rounds (default 3, the order
+  reversed every other round) and keeps each impl's median, so no impl owes its number to
+  its place in the order.
 * Without a CUDA GPU everything runs as a labelled SMOKE pass (tiny sizes, Triton
   interpreter): it proves the harness end to end; its timings mean nothing.
 """
@@ -87,6 +90,17 @@ def gpu_slug() -> str:
     for token in ("nvidia", "geforce", "tesla"):
         name = name.replace(token, "")
     return "-".join(name.split()) or "gpu"
+
+
+def bench_rounds() -> int:
+    """Rounds per ``Suite.compare``: env LLMK_BENCH_ROUNDS, else 3 on a GPU and 1 in smoke mode (1 = one
+    impl after another, the only order before 2026-12-02)."""
+    env = os.environ.get("LLMK_BENCH_ROUNDS")
+    if env is None:
+        return 1 if smoke_mode() else 3
+    if not env.isdigit() or int(env) < 1:
+        raise ValueError(f"LLMK_BENCH_ROUNDS must be a positive integer, got {env!r}")
+    return int(env)
 
 
 def _rotating(fns: Sequence[Callable[[], Any]]) -> Callable[[], Any]:
@@ -177,14 +191,28 @@ class Suite:
         small: bool = False,
         note: str = "",
     ) -> list[Record]:
-        times: dict[str, float] = {}
-        for impl, fn in impls.items():
-            if self.progress:
-                self.progress(f"{self.name}/{case} {impl}")
-            try:
-                times[impl] = time_ms(fn, small=small)
-            except Exception as e:  # an anchor backend may be unavailable for a shape
-                print(f"  [skip] {self.name}/{case}/{impl}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        # Interleaved rounds, the order reversed every other round, median per impl: timed one after
+        # another in a fixed order, a later impl ran on a GPU that earlier ones had heated, which showed
+        # as a position-dependent bias of a few percent on long compute-bound cases.
+        rounds = bench_rounds()
+        samples: dict[str, list[float]] = {impl: [] for impl in impls}
+        failed: set[str] = set()
+        for r in range(rounds):
+            order = list(impls.items()) if r % 2 == 0 else list(impls.items())[::-1]
+            for impl, fn in order:
+                if impl in failed:
+                    continue
+                if self.progress:
+                    self.progress(f"{self.name}/{case} {impl}" + (f" (round {r + 1}/{rounds})" if rounds > 1 else ""))
+                try:
+                    samples[impl].append(time_ms(fn, small=small, rep_ms=max(20, 100 // rounds)))
+                except Exception as e:  # an anchor backend may be unavailable for a shape
+                    failed.add(impl)
+                    print(f"  [skip] {self.name}/{case}/{impl}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+        times = {impl: statistics.median(ts) for impl, ts in samples.items() if ts and impl not in failed}
+        if rounds > 1:
+            note = f"{note}; " if note else ""
+            note += f"{rounds} interleaved rounds (median)"
         base = times.get(anchor)
         out = []
         for impl, ms in times.items():

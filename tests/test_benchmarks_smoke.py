@@ -69,3 +69,29 @@ def test_merge_roofline_and_profile(smoke_results, tmp_path):
     prof = json.loads((tmp_path / "profile_kernels.json").read_text())
     assert set(prof) == {"attention", "int8", "rmsnorm"}
     assert all(prof[op]["torch_profiler"] for op in prof)
+
+
+def test_compare_interleaves_rounds_and_keeps_each_impls_median(monkeypatch):
+    from benchmarks import harness
+
+    calls, fake_ms = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([9.0, 7.0, 8.0])}
+
+    def fake_time_ms(fn, *, small=False, rep_ms=100):
+        name = fn()
+        calls.append(name)
+        if name == "c":
+            raise RuntimeError("backend unavailable")
+        return next(fake_ms[name])
+
+    monkeypatch.setattr(harness, "time_ms", fake_time_ms)
+    monkeypatch.setenv("LLMK_BENCH_ROUNDS", "3")
+    recs = harness.Suite("t").compare("case", {}, {n: (lambda n=n: n) for n in "abc"}, anchor="a", note="n")
+    # every other round runs in reverse order; a failing impl is dropped after its first failure
+    assert calls == ["a", "b", "c", "b", "a", "a", "b"]
+    by = {r.impl: r for r in recs}
+    assert set(by) == {"a", "b"}
+    assert by["a"].ms == 2.0 and by["b"].ms == 8.0 and by["b"].ratio_vs_anchor == 0.25
+    assert by["b"].note == "n; 3 interleaved rounds (median)"
+    monkeypatch.setenv("LLMK_BENCH_ROUNDS", "0")
+    with pytest.raises(ValueError, match="LLMK_BENCH_ROUNDS"):
+        harness.bench_rounds()
