@@ -191,9 +191,10 @@ class Suite:
         small: bool = False,
         note: str = "",
     ) -> list[Record]:
-        # Interleaved rounds, the order reversed every other round, median per impl: timed one after
-        # another in a fixed order, a later impl ran on a GPU that earlier ones had heated, which showed
-        # as a position-dependent bias of a few percent on long compute-bound cases.
+        # Interleaved rounds, the order reversed every other round, median per impl. Timed once each in a
+        # fixed order, an impl's time depended on its place (H200, scripts/probe_bench_order.py: F.linear at
+        # B4096 197.9 us first vs 202.2 last; the fused module at B512 29.0 / 28.3 vs 26.1 interleaved; the
+        # cause, clocks or otherwise, was not pinned down).
         rounds = bench_rounds()
         samples: dict[str, list[float]] = {impl: [] for impl in impls}
         failed: set[str] = set()

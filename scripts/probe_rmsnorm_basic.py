@@ -3,7 +3,7 @@ forced tile configs on the module path.
 
     python scripts/probe_rmsnorm_basic.py OUTDIR     (needs a build with FRMS_SM90_NUM_CONFIGS >= 15)
     PROBE_BASIC_SET=<set> python scripts/probe_rmsnorm_basic.py OUTDIR     (other shape sets, SETS below: wide, odd,
-    mid, mid2 .. mid5, llm)
+    mid, mid2 .. mid5, llm, wave)
 
 The shipped prefill configs are CUTLASS's persistent kernels: 384 threads x 168 registers, the whole register
 file. So under PDL a GEMM CTA starts on an SM only once the rstd CTA there retires, and the rstd kernel's
@@ -88,12 +88,16 @@ MID4 = [(m, 8192, 8192, (6,)) for m in (768, 896, 1024, 1280, 1408, 1536)]
 # a confirming run of the stream-K entries against the configs the table gave before
 MID5 = [(640, 8192, 8192, (1,)), (896, 8192, 8192, (1,)), (1152, 8192, 8192, (0,))]
 # model projections after a norm (Llama-3 8B / 70B qkv and gate+up) at mid row counts: configs 0, 1, stream-K
-# (not run yet: session 24 had no device time left for it)
+# (run in session 25: config 1 won at D4096 N6144, hence the WAVE_C1 rule)
 LLM = [(m, d, n, (0, 1, 6)) for d, n in ((4096, 6144), (4096, 28672), (8192, 10240), (8192, 28672))
        for m in (1536, 2304)]  # fmt: skip
+# session 25: the rounds model's default (WAVE_C1) at shapes it sends to config 1 (1024 x 10240, 2304 x 6144,
+# 1536 x 6144, 1280 x 8192) or keeps on config 0
+WAVE = [(m, d, n, (0, 1)) for m, d, n in ((1024, 4096, 10240), (2304, 5120, 6144), (1536, 8192, 6144),
+                                          (2048, 4096, 6144), (3072, 5120, 5120), (1280, 8192, 8192))]  # fmt: skip
 SETS = {
     "suite": SHAPES, "wide": WIDE, "odd": ODD, "mid": MID, "mid2": MID2, "mid3": MID3, "mid4": MID4, "mid5": MID5,
-    "llm": LLM,
+    "llm": LLM, "wave": WAVE,
 }  # fmt: skip
 ALONE = (1, 12)  # GEMM alone on a precomputed rstd (no PDL), where the shape's forced list has them
 ROUNDS = 3

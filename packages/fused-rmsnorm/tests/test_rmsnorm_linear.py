@@ -154,6 +154,7 @@ def test_extension_path_rejects_cpu_tensors(monkeypatch):
 
 
 def test_plan_sm90():
+    from fused_rmsnorm.ops import rmsnorm_linear
     # decode shapes go to the tensor-core decode kernel or (9..32 tokens, large weights) the swap-AB
     # CUTLASS tiles, larger M to the CUTLASS GEMMs
     for M, N in ((1, 4096), (8, 4096)):
@@ -186,7 +187,13 @@ def test_plan_sm90():
     assert [plan("sm90", m, 4096, 4096, has_gemm=True).get("swizzle", 1) for m in (1664, 3712, 4096)] == [8, 8, 1]
     # 8192^2: stream-K (config 6) at the row-tile counts it won at (5, 7 and 9 tiles of 128 rows)
     ms = (512, 513, 640, 641, 768, 769, 896, 897, 1024, 1025, 1152, 1153)
-    assert [plan("sm90", m, 8192, 8192, has_gemm=True)["config"] for m in ms] == [1, 6, 6, 1, 1, 6, 6, 1, 0, 6, 6, 0]
+    assert [plan("sm90", m, 8192, 8192, has_gemm=True)["config"] for m in ms] == [1, 6, 6, 1, 1, 6, 6, 1, 0, 6, 6, 1]
+    # the MN rule's rows: config 0, or config 1 where the rounds model (WAVE_C1) says so
+    for (M, N, K), c in {(1536, 6144, 4096): 1, (2304, 6144, 4096): 1, (1536, 28672, 4096): 0, (2304, 10240, 8192): 0,
+                         (1280, 8192, 8192): 1, (1536, 8192, 8192): 0, (4096, 14336, 4096): 0}.items():  # fmt: skip
+        assert plan("sm90", M, N, K, has_gemm=True)["config"] == c, (M, N, K)
+        assert rmsnorm_linear.wave_prefers_128x128(M, N, 132) == (c == 1), (M, N, K)
+    assert plan("sm90", 1536, 6144, 4096, has_gemm=True, sms=144)["config"] == 0  # rounds 2 vs 4 on 144 SMs
     # any other grid of 100..132 tiles of 128 x 128 at M >= 257 (T128) takes config 12; fewer tiles do not
     for M, N, K in ((768, 2816, 2048), (4096, 512, 1024), (300, 5120, 5120), (1536, 1280, 2048)):
         assert plan("sm90", M, N, K, has_gemm=True)["config"] == 12, (M, N, K)
@@ -256,6 +263,25 @@ def test_plan_decode_mma_variant_keys(monkeypatch):
         op.mma_variant_args({"steps": 6})
     with pytest.raises(ValueError, match="ldpolicy"):
         op.mma_variant_args({"ldpolicy": "evict_last"})
+
+
+def test_rstd_streamed():
+    """The streamed rstd launch: several rounds of persistent tiles, raster along N, and a grid 4 SMs short
+    that still needs no extra round; (rstd CTAs, GEMM grid cap, cluster size)."""
+    from fused_rmsnorm.ops import rmsnorm_linear as op
+
+    assert op.rstd_streamed(0, 4096, 4096, 132) == (4, 128, 2)  # B4096: 32 x 16 tiles of 128x256, 4 rounds
+    assert op.rstd_streamed(1, 4100, 3080, 132) == (4, 128, 1)  # 33 x 25 tiles: 7 rounds either way
+    assert op.rstd_streamed(1, 2048, 4096, 132) == (0, 0, 0)  # 16 x 32 tiles: the heuristic rasters along M
+    assert op.rstd_streamed(1, 2048, 4096, 132, raster=2) == (4, 128, 1)  # ... unless told along N
+    assert op.rstd_streamed(1, 2048, 4096, 132, raster=1) == (0, 0, 0)
+    assert op.rstd_streamed(0, 4096, 4224, 132) == (4, 128, 2)  # 32 x 17 = 544 tiles: 5 rounds on 132 or 128
+    assert op.rstd_streamed(1, 4096, 4224, 132, raster=2) == (0, 0, 0)  # 32 x 33 tiles: 8 rounds on 132, 9 on 128
+    assert op.rstd_streamed(1, 1024, 1024, 132) == (0, 0, 0)  # 64 tiles: one partial round
+    assert op.rstd_streamed(1, 8192, 2048, 132) == (0, 0, 0)  # N * 4 free SMs < RSTD_SIDE_WORK: rstd too slow
+    assert op.rstd_streamed(6, 4096, 4096, 132) == (0, 0, 0)  # stream-K
+    assert op.rstd_streamed(12, 4096, 4096, 132) == (0, 0, 0)  # non-persistent
+    assert op.rstd_streamed(11, 16, 14336, 132) == (0, 0, 0)  # decode
 
 
 def test_rstd_side_ctas():
@@ -422,7 +448,7 @@ def test_gpu_rstd_side_only_when_a_is_x(monkeypatch):
     monkeypatch.setattr(op, "num_sms", lambda dev: 132)
     seen = []
     real = m.rstd
-    monkeypatch.setattr(m, "rstd", lambda *a: (seen.append(a[-1] if len(a) > 8 else 0), real(*a))[1])
+    monkeypatch.setattr(m, "rstd", lambda *a: (seen.append(a[8] if len(a) > 8 else 0), real(*a))[1])
     ref = _ref32(x, g, w, None, 1e-6).double()
     assert rel_err(op.fused_rmsnorm_linear_folded(x, g, w, fold_weight(g, w)), ref) <= 1e-2
     assert rel_err(fused_rmsnorm_linear(x, g, w), ref) <= 1e-2
@@ -669,6 +695,11 @@ def test_gpu_compute_sanitizer_memcheck(tmp_path):
         "    x = torch.randn(M, D, device='cuda').half()\n"
         "    y = fused_rmsnorm_linear(x, g, w, b)\n"
         "    y = op.fused_rmsnorm_linear_folded(x, g, w, op.fold_weight(g, w), b)\n"
+        "op.plan = lambda *a, **k: {'path': 'gemm', 'config': 1, 'pdl': True, 'raster': 2}\n"
+        "x = torch.randn(2100, 136, device='cuda').half(); g = torch.randn(136, device='cuda').half()\n"
+        "w = torch.randn(3080, 136, device='cuda').half()  # 17 x 25 tiles: the streamed rstd launch\n"
+        "assert op.rstd_streamed(1, 2100, 3080, op.num_sms(x.device), 2)[0] > 0\n"
+        "y = op.fused_rmsnorm_linear_folded(x, g, w, op.fold_weight(g, w))\n"
         "torch.cuda.synchronize(); print('OK')\n"
     )
     res = subprocess.run(
@@ -953,6 +984,67 @@ def test_gpu_sm90_prefill_multi_tile_rows(dtype, monkeypatch):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.isfinite(yg).all() and row_err(yg) <= 2e-2, (config, "graph")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_sm90_streamed_rstd(dtype, monkeypatch):
+    """The streamed rstd launch (configs 0-5, raster along N, several rounds of tiles): rstd on the SMs the
+    capped GEMM grid leaves free, each epilogue waiting per row. Rows scaled 2^-4..2^4 at random and checked
+    one by one (an epilogue that took a poisoned or stale rstd is off by far more than 2%); the module path
+    really streams (rstd launch arguments recorded); repeated launches; and CUDA graph replays with new x
+    copied in between, so a replay that read the previous replay's rstd fails."""
+    from fused_rmsnorm.ops import rmsnorm_linear as op
+
+    m = _sm90_ext_or_skip()
+    sms = op.num_sms(torch.device("cuda"))
+    M, D, N = 4100, 264, 3080
+    x, g, w, b = _gpu_case(M, D, N, dtype, bias=True, seed=9)
+    gen = torch.Generator(device="cuda").manual_seed(10)
+
+    def scaled(t):
+        return (t.float() * torch.exp2(torch.rand(M, device="cuda", generator=gen) * 8 - 4)[:, None]).to(dtype)
+
+    x = scaled(x)
+    wf = fold_weight(g, w)
+
+    def row_err(y, xx):
+        ref = _ref32(xx, g, w, b, 1e-6).double()
+        return ((y.double() - ref).norm(dim=1) / ref.norm(dim=1)).max().item()
+
+    seen = []
+    real = m.rstd
+    monkeypatch.setattr(m, "rstd", lambda *a: (seen.append(a[8:]), real(*a))[1])
+    for config in range(6):
+        want = op.rstd_streamed(config, M, N, sms, 2)
+        assert want[0] > 0, (config, want)
+        monkeypatch.setattr(
+            op, "plan", lambda *a, c=config, **k: {"path": "gemm", "config": c, "pdl": True, "raster": 2}
+        )
+        seen.clear()
+        for _ in range(3):
+            y = op.fused_rmsnorm_linear_folded(x, g, w, wf, b)
+            torch.cuda.synchronize()
+            assert torch.isfinite(y).all() and row_err(y, x) <= 2e-2, (config, row_err(y, x))
+        assert seen == [(want[0], want[2])] * 3, (config, seen)
+        xg = x.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            yg = op.fused_rmsnorm_linear_folded(xg, g, w, wf, b)
+        for _ in range(2):
+            xg.copy_(scaled(_gpu_case(M, D, 8, dtype, seed=len(seen))[0]))
+            seen.append(None)
+            yg.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.isfinite(yg).all() and row_err(yg, xg) <= 2e-2, (config, "graph")
+    s = torch.cuda.current_stream().cuda_stream
+    rstd = torch.empty(M, device="cuda")
+    with pytest.raises(RuntimeError, match="unsupported arguments"):  # stream-K takes no streamed rstd
+        m.gemm_sm90(1, 6, x.data_ptr(), D, wf.data_ptr(), D, rstd.data_ptr(), 0, y.data_ptr(), N, M, N, D, True, s,
+                    streamed_rstd=True)  # fmt: skip
+    with pytest.raises(RuntimeError, match="unsupported arguments"):  # ctas not a multiple of the cluster
+        m.rstd(1, x.data_ptr(), D, rstd.data_ptr(), M, D, 1e-6, s, 3, 2)
 
 
 @pytest.mark.gpu

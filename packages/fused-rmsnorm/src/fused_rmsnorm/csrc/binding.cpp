@@ -126,24 +126,28 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "rstd",
       [](int dtype, std::uintptr_t x, int64_t ldx, std::uintptr_t out, int64_t M, int64_t K, float eps,
-         std::uintptr_t stream, int ctas) {
-        check(frms_rstd(dtype, cptr(x), ldx, reinterpret_cast<float*>(out), M, K, eps, ctas, mptr(stream)), "rstd");
+         std::uintptr_t stream, int ctas, int streamed) {
+        check(frms_rstd(dtype, cptr(x), ldx, reinterpret_cast<float*>(out), M, K, eps, ctas, streamed, mptr(stream)),
+              "rstd");
       },
       "rstd[m] = rsqrt(mean(x[m]^2) + eps) in fp32. ctas: 0 = 8 rows per CTA; > 0 = at most ctas 32-warp CTAs "
-      "striding over the rows (for the SMs a programmatic-dependent SM90 GEMM leaves idle).",
+      "striding over the rows (for the SMs a programmatic-dependent SM90 GEMM leaves idle). streamed: 1 | 2 (the "
+      "cluster size, ctas a multiple of it) = poison the rows, trigger the dependent GEMM, then fill them, for a "
+      "gemm_sm90 launched with streamed_rstd.",
       py::arg("dtype"), py::arg("x"), py::arg("ldx"), py::arg("rstd"), py::arg("M"), py::arg("K"), py::arg("eps"),
-      py::arg("stream"), py::arg("ctas") = 0);
+      py::arg("stream"), py::arg("ctas") = 0, py::arg("streamed") = 0);
 
   m.def(
       "gemm_sm90",
       [](int dtype, int config, std::uintptr_t a, int64_t lda, std::uintptr_t b, int64_t ldb, std::uintptr_t rstd,
          std::uintptr_t bias, std::uintptr_t d, int64_t ldd, int64_t M, int64_t N, int64_t K, bool pdl,
          std::uintptr_t stream, int raster, int swizzle, int splits, std::uintptr_t workspace,
-         std::size_t workspace_bytes, float eps, int pdl_early) {
+         std::size_t workspace_bytes, float eps, int pdl_early, int max_ctas, bool streamed_rstd) {
 #if FRMS_HAVE_SM90
         FrmsSm90Args p{dtype, cptr(a), lda, cptr(b), ldb, reinterpret_cast<const float*>(rstd),
                        bias ? cptr(bias) : nullptr, mptr(d), ldd, M, N, K, pdl ? 1 : 0, raster, swizzle, splits,
-                       workspace ? mptr(workspace) : nullptr, workspace_bytes, mptr(stream), eps, pdl_early};
+                       workspace ? mptr(workspace) : nullptr, workspace_bytes, mptr(stream), eps, pdl_early,
+                       max_ctas, streamed_rstd ? 1 : 0};
         check(sm90_entry(config)(&p, nullptr), "gemm_sm90");
 #else
         check(FRMS_ERR_NOT_BUILT, "gemm_sm90");
@@ -155,11 +159,14 @@ PYBIND11_MODULE(_C, m) {
       "(stream-K only; the other configs need none); eps: the self-rstd configs (sm90_self_rstd_configs()) compute "
       "rstd = rsqrt(mean(a^2) + eps) from a = x themselves (rstd unused, b must be W' = W * g); pdl_early: for "
       "those with pdl, how many stages of b they request before waiting for the previous kernel (b must not be "
-      "written by any kernel still in flight; 0 = none).",
+      "written by any kernel still in flight; 0 = none); max_ctas: > 0 = the persistent grid on at most that many "
+      "SMs; streamed_rstd: the epilogue waits per row for rstd (written by rstd(streamed=...) just before) instead "
+      "of for the whole rstd grid (persistent configs 0-5 only).",
       py::arg("dtype"), py::arg("config"), py::arg("a"), py::arg("lda"), py::arg("b"), py::arg("ldb"),
       py::arg("rstd"), py::arg("bias"), py::arg("d"), py::arg("ldd"), py::arg("M"), py::arg("N"), py::arg("K"),
       py::arg("pdl"), py::arg("stream"), py::arg("raster") = 0, py::arg("swizzle") = 0, py::arg("splits") = 1,
-      py::arg("workspace") = 0, py::arg("workspace_bytes") = 0, py::arg("eps") = 0.f, py::arg("pdl_early") = 0);
+      py::arg("workspace") = 0, py::arg("workspace_bytes") = 0, py::arg("eps") = 0.f, py::arg("pdl_early") = 0,
+      py::arg("max_ctas") = 0, py::arg("streamed_rstd") = false);
 
   m.def(
       "gemm_sm90_workspace",

@@ -43,7 +43,12 @@ struct FrmsSm90Args {
   void* stream;
   float eps;  // self-rstd configs: rstd = rsqrt(mean(x^2) + eps) from a = x (rstd unused)
   int pdl_early;  // self-rstd configs as PDL secondaries: W' stages requested before the grid-dependency wait
+  int max_ctas;   // > 0: the persistent grid on at most this many SMs (0: all)
+  int streamed_rstd;  // epilogue spins on rstd[m] != FRMS_RSTD_POISON instead of waiting for the rstd grid
 };
+
+// rstd value bits meaning "not written yet" for the streamed protocol (-1.0f: a real rstd is never negative)
+#define FRMS_RSTD_POISON 0xBF800000u
 
 extern "C" {
 
@@ -64,10 +69,12 @@ int frms_decode_mma(int dtype, const void* x, int64_t ldx, const void* g, const 
                     const void* bias, void* y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int wn,
                     int ksplit, int steps, int ldpolicy, int wload, void* stream);
 
-// rstd[m] = 1 / sqrt(mean_k x[m, k]^2 + eps) in fp32. signal_dependents: trigger Hopper PDL early.
+// rstd[m] = 1 / sqrt(mean_k x[m, k]^2 + eps) in fp32; triggers Hopper PDL early.
 // ctas > 0: at most that many 32-warp CTAs striding over the rows (the SMs an SM90 PDL GEMM leaves idle).
+// streamed (1 or 2 = cluster size; ctas a multiple of it): poison the rows, trigger, then fill them, for an
+// SM90 GEMM launched with streamed_rstd (its epilogue spins per row instead of waiting for this grid).
 int frms_rstd(int dtype, const void* x, int64_t ldx, float* rstd, int64_t M, int64_t K, float eps, int ctas,
-              void* stream);
+              int streamed, void* stream);
 
 // D = (A @ B^T) * rstd[:, None] (+ bias[None, :]); A (M, K) row stride lda, B (N, K) row stride ldb.
 int frms_gemm_sm80(int dtype, int config, const void* a, int64_t lda, const void* b, int64_t ldb, const float* rstd,

@@ -44,6 +44,7 @@ template <int BM, int BN, int CM, bool Coop, class Sched = cutlass::gemm::Persis
 struct Sm90Cfg {
   static constexpr bool kSwap = Swap;          // BM x BN tile of D^T = W' x^T (BM weight rows x BN tokens)
   static constexpr bool kSelfRstd = SelfRstd;  // rstd from x by the GEMM itself (SelfRstdMainloop)
+  static constexpr bool kBasic = Basic;        // the non-persistent kernel (grid = tiles)
   static_assert(!SelfRstd || (Swap && !Coop), "self rstd: swap-AB ping-pong configs only");
   using TileShape = Shape<Int<BM>, Int<BN>, Int<BK>>;
   using ClusterShape = Shape<Int<CM>, _1, _1>;
@@ -113,6 +114,7 @@ using EpiSchedule = Cfg::EpiSchedule;
 using TileSched = Cfg::TileSched;
 constexpr bool kSwap = Cfg::kSwap;
 constexpr bool kSelfRstd = Cfg::kSelfRstd;
+constexpr bool kBasic = Cfg::kBasic;
 static_assert(kSelfRstd == FRMS_SM90_IS_SELF_RSTD(FRMS_SM90_CFG), "frms.h names the self-rstd configs");
 #define FRMS_CAT2(a, b) a##b
 #define FRMS_CAT(a, b) FRMS_CAT2(a, b)
@@ -127,16 +129,81 @@ static_assert(kStreamK == (FRMS_SM90_CFG == FRMS_SM90_STREAM_K_CONFIG), "frms.h 
 // rstd in the epilogue: the TMA/wgmma mainloop overlaps the rstd kernel. x and W' were written by
 // kernels that completed before rstd started. Both broadcast nodes read gmem only in their consumer
 // callbacks (no producer loads), which is what makes this placement sufficient.
+//
+// Streamed (runtime flag): the rstd kernel runs on a few SMs this GEMM's capped grid leaves free, for
+// longer than the first tiles' mainloops, so waiting for its whole grid would stall them. It poisons its
+// rows before it lets this grid launch and then writes them in row order (csrc/rstd.cu), so instead each
+// thread re-reads, with L1-bypassing loads, every rstd value of its tile that is still FRMS_RSTD_POISON.
+// A value that is not poison can only be this call's: the poison was made visible before this grid began.
 template <class Base>
-struct AfterGridDependency : Base {
-  using Base::Base;
+struct RstdScale : Base {
+  struct Arguments {
+    typename Base::Arguments base;
+    int streamed = 0;
+  };
+  struct Params {
+    typename Base::Params base;
+    int streamed;
+  };
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const& ps, Arguments const& a, void* ws) {
+    return {Base::to_underlying_arguments(ps, a.base, ws), a.streamed};
+  }
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const& ps, Arguments const& a) {
+    return Base::can_implement(ps, a.base);
+  }
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const& ps, Arguments const& a) {
+    return Base::get_workspace_size(ps, a.base);
+  }
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const& ps, Arguments const& a, void* ws, cudaStream_t st,
+                                              cutlass::CudaHostAdapter* adapter = nullptr) {
+    return Base::initialize_workspace(ps, a.base, ws, st, adapter);
+  }
+
+  CUTLASS_HOST_DEVICE RstdScale() {}
+  CUTLASS_HOST_DEVICE RstdScale(Params const& p, typename Base::SharedStorage const& ss)
+      : Base(p.base, ss), streamed_(p.streamed) {}
+  int streamed_ = 0;
+
+  template <class CB>
+  struct SpinCallbacks : CB {
+    CUTLASS_DEVICE SpinCallbacks(CB const& cb, int streamed) : CB(cb), streamed_(streamed) {}
+    int streamed_;
+    CUTLASS_DEVICE void begin() {
+      CB::begin();
+      if (!streamed_) return;
+      Tensor g = filter_zeros(this->tCgCol);
+      Tensor r = filter_zeros(this->tCrCol);
+      Tensor c = filter_zeros(this->tCcCol, this->tCgCol.stride());
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(r); ++i) {
+        if (!elem_less(c(i), this->residue_tCcCol)) continue;
+        const float* src = &g(i);
+        float v = r(i);
+        while (__float_as_uint(v) == FRMS_RSTD_POISON) {
+          unsigned bits;
+          asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(bits) : "l"(src) : "memory");
+          v = __uint_as_float(bits);
+        }
+        r(i) = v;
+      }
+    }
+  };
 
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");  // no-op when not launched as a PDL secondary
+    if (!streamed_) asm volatile("griddepcontrol.wait;" ::: "memory");  // no-op when not launched as a PDL secondary
 #endif
-    return Base::template get_consumer_store_callbacks<ReferenceSrc>(args);
+    auto cb = Base::template get_consumer_store_callbacks<ReferenceSrc>(args);
+    if constexpr (kSwap) {
+      return cb;  // decode tiles (a row broadcast): never streamed, the launcher refuses it
+    } else {
+      return SpinCallbacks<decltype(cb)>(cb, streamed_);
+    }
   }
 };
 
@@ -445,7 +512,7 @@ struct GemmDef {
   // per-token fp32 vector broadcast along the output features: the rstd scale
   using ColVec = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float, float, Stride<_1, _0, int64_t>>;
   using RowVec = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float, float, Stride<_0, _1, int64_t>>;
-  using RowScale = AfterGridDependency<std::conditional_t<kSwap, RowVec, ColVec>>;
+  using RowScale = RstdScale<std::conditional_t<kSwap, RowVec, ColVec>>;
   // per-feature vector broadcast along the tokens: the bias; null pointer -> 0
   using BiasCol = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, T, float, Stride<_1, _0, int64_t>>;
   using BiasRow = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, T, float, Stride<_0, _1, int64_t>>;
@@ -542,12 +609,17 @@ int run(const FrmsSm90Args& p, size_t* workspace_size_out) {
     args.epilogue.thread = {{}, {static_cast<const T*>(p.bias), T(0), BiasStride{}}, {}};
   } else {
     args.epilogue.thread = {
-        {{}, {p.rstd, 0.f, RowScaleStride{}}, {}},
+        {{}, {{p.rstd, 0.f, RowScaleStride{}}, p.streamed_rstd}, {}},
         {static_cast<const T*>(p.bias), T(0), BiasStride{}},
         {}};
   }
   args.hw_info.sm_count = sm_count_cached();
   if (args.hw_info.sm_count <= 0) return int(cudaErrorNoDevice);  // the schedulers divide by it
+  if (p.max_ctas < 0) return FRMS_ERR_BAD_ARG;
+  if (p.max_ctas > 0) args.hw_info.sm_count = std::min(args.hw_info.sm_count, p.max_ctas);
+  // streamed rstd: persistent data-parallel configs only (stream-K reduces partials before the epilogue,
+  // the self-rstd and non-persistent ones do not take this rstd, and swapped tiles are decode)
+  if (p.streamed_rstd && (kStreamK || kSelfRstd || kSwap || kBasic)) return FRMS_ERR_BAD_ARG;
   using Raster = decltype(args.scheduler.raster_order);
   args.scheduler.raster_order = p.raster == 1 ? Raster::AlongM : (p.raster == 2 ? Raster::AlongN : Raster::Heuristic);
   args.scheduler.max_swizzle_size = swizzle;

@@ -85,10 +85,22 @@ __global__ void __launch_bounds__(kWideWarps * 32, 2)
 // rstd_kernel's grid (one CTA on nearly every SM) the GEMM began on most SMs only as those CTAs retired.
 // With ctas = SMs - GEMM CTAs the rstd kernel runs on SMs the GEMM never uses, the GEMM starts everywhere
 // at once, and rstd only has to be done by its epilogue.
+//
+// streamed: the GEMM does not wait for this grid at all (its grid is capped to leave these SMs free, and
+// each epilogue spins until its rows' rstd is no longer FRMS_RSTD_POISON, see gemm_sm90.cu RstdScale). So
+// every CTA first marks its own rows as poison, makes that visible, and only then lets the GEMM launch;
+// each row's value is then its own ready flag (rstd is never negative), written once, in row order.
 template <typename T, int kWpr>
 __global__ void __launch_bounds__(kSideWarps * 32, 1)
     rstd_side_kernel(const T* __restrict__ x, int64_t ldx, float* __restrict__ rstd, int64_t M, int64_t K,
-                     float eps) {
+                     float eps, int streamed) {
+  if (streamed) {
+    constexpr int kRows = kSideWarps / kWpr;  // rstd_rows' row mapping: the rows this CTA will write
+    for (int64_t base = int64_t(blockIdx.x) * kRows; base < M; base += int64_t(gridDim.x) * kRows)
+      if (threadIdx.x < kRows && base + threadIdx.x < M) rstd[base + threadIdx.x] = __uint_as_float(FRMS_RSTD_POISON);
+    __threadfence();  // poison visible GPU-wide before any GEMM CTA can start (it launches after the trigger)
+    __syncthreads();
+  }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
@@ -112,14 +124,32 @@ void prefer_shared() {
 }
 
 template <typename T, int kWpr>
-void launch(const void* x, int64_t ldx, float* rstd, int64_t M, int64_t K, float eps, int ctas, cudaStream_t s) {
+void launch(const void* x, int64_t ldx, float* rstd, int64_t M, int64_t K, float eps, int ctas, int streamed,
+            cudaStream_t s) {
   const T* xp = static_cast<const T*>(x);
   if (ctas > 0) {
     constexpr int rows = kSideWarps / kWpr;
     const int64_t need = (M + rows - 1) / rows;
-    dim3 grid(unsigned(need < ctas ? need : ctas)), block(kSideWarps * 32);
     prefer_shared<rstd_side_kernel<T, kWpr>>();
-    rstd_side_kernel<T, kWpr><<<grid, block, 0, s>>>(xp, ldx, rstd, M, K, eps);
+    if (streamed > 1) {
+      // Launched as clusters of the GEMM's cluster size: a lone rstd CTA in a GPC would leave an odd number
+      // of SMs there, and a 2-CTA GEMM cluster could not use the last one (capped grid: every cluster must fit).
+      // The grid is the full ctas (a multiple of the cluster size) even if some CTAs get no rows.
+      cudaLaunchConfig_t cfg{};
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = unsigned(streamed);
+      attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+      cfg.gridDim = dim3(unsigned(ctas));
+      cfg.blockDim = dim3(kSideWarps * 32);
+      cfg.stream = s;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      cudaLaunchKernelEx(&cfg, rstd_side_kernel<T, kWpr>, xp, ldx, rstd, M, K, eps, 1);
+      return;
+    }
+    dim3 grid(unsigned(need < ctas ? need : ctas)), block(kSideWarps * 32);
+    rstd_side_kernel<T, kWpr><<<grid, block, 0, s>>>(xp, ldx, rstd, M, K, eps, streamed);
   } else {
     constexpr int rows = kWideWarps / kWpr;
     dim3 grid(unsigned((M + rows - 1) / rows)), block(kWideWarps * 32);
@@ -129,27 +159,31 @@ void launch(const void* x, int64_t ldx, float* rstd, int64_t M, int64_t K, float
 }
 
 template <typename T>
-void launch_any(const void* x, int64_t ldx, float* rstd, int64_t M, int64_t K, float eps, int ctas, cudaStream_t s) {
+void launch_any(const void* x, int64_t ldx, float* rstd, int64_t M, int64_t K, float eps, int ctas, int streamed,
+                cudaStream_t s) {
   switch (warps_per_row(K)) {
-    case 1: return launch<T, 1>(x, ldx, rstd, M, K, eps, ctas, s);
-    case 2: return launch<T, 2>(x, ldx, rstd, M, K, eps, ctas, s);
-    case 4: return launch<T, 4>(x, ldx, rstd, M, K, eps, ctas, s);
-    default: return launch<T, 8>(x, ldx, rstd, M, K, eps, ctas, s);
+    case 1: return launch<T, 1>(x, ldx, rstd, M, K, eps, ctas, streamed, s);
+    case 2: return launch<T, 2>(x, ldx, rstd, M, K, eps, ctas, streamed, s);
+    case 4: return launch<T, 4>(x, ldx, rstd, M, K, eps, ctas, streamed, s);
+    default: return launch<T, 8>(x, ldx, rstd, M, K, eps, ctas, streamed, s);
   }
 }
 }  // namespace
 
 // ctas == 0: 8-warp CTAs, each for 8 / warps_per_row(K) rows; ctas > 0: at most that many 32-warp CTAs
 // (rstd_side_kernel; the caller passes the SMs the PDL-launched GEMM leaves idle). Same bits either way.
+// streamed > 0 (needs ctas > 0, a multiple of it): the poison-then-fill protocol of rstd_side_kernel for a
+// GEMM launched with streamed_rstd, as clusters of `streamed` CTAs.
 extern "C" int frms_rstd(int dtype, const void* x, int64_t ldx, float* rstd, int64_t M, int64_t K, float eps,
-                         int ctas, void* stream) {
+                         int ctas, int streamed, void* stream) {
   if (M <= 0) return 0;
   if (K <= 0 || K % frms::kVec || ldx % frms::kVec || !frms::aligned16(x) || ctas < 0) return FRMS_ERR_BAD_ARG;
+  if (streamed < 0 || streamed > 2 || (streamed && (ctas == 0 || ctas % streamed))) return FRMS_ERR_BAD_ARG;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (dtype == FRMS_DTYPE_F16)
-    launch_any<__half>(x, ldx, rstd, M, K, eps, ctas, s);
+    launch_any<__half>(x, ldx, rstd, M, K, eps, ctas, streamed, s);
   else if (dtype == FRMS_DTYPE_BF16)
-    launch_any<__nv_bfloat16>(x, ldx, rstd, M, K, eps, ctas, s);
+    launch_any<__nv_bfloat16>(x, ldx, rstd, M, K, eps, ctas, streamed, s);
   else
     return FRMS_ERR_BAD_ARG;
   return int(cudaGetLastError());

@@ -78,16 +78,35 @@ def torch_reference(x, w_norm, w_lin, bias, eps):
 # ---------------------------------------------------------------------------------------- planning
 
 
-def plan(arch: str, M: int, N: int, K: int, *, has_gemm: bool, has_mma: bool = True, folded: bool = True) -> dict:
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def wave_prefers_128x128(M: int, N: int, sms: int) -> bool:
+    """The rounds model of the tuning key WAVE_C1: True where config 1's 128x128 tiles (one per SM) lose fewer
+    persistent rounds than config 0's 128x256 2-CTA-cluster tiles by more than config 0's own edge. H200, session 25
+    (PROBE_BASIC_SET=llm): per round of tile area config 0 was ~10% faster where both grids filled their rounds
+    alike, so config 1 wins iff 0.9 * 2 * rounds(config 0) > rounds(config 1); e.g. M1536 D4096 N6144: 288
+    tiles = 3 rounds of 132 against 576 = 5, measured 141.8 vs 131.1 us (F.linear 112.2)."""
+    r0 = _cdiv(_cdiv(_cdiv(M, 128), 2) * 2 * _cdiv(N, 256), sms // 2 * 2)
+    r1 = _cdiv(_cdiv(M, 128) * _cdiv(N, 128), sms)
+    return 1.8 * r0 > r1
+
+
+def plan(
+    arch: str, M: int, N: int, K: int, *, has_gemm: bool, has_mma: bool = True, folded: bool = True, sms: int = 132
+) -> dict:
     """Kernel choice for one call: {"path": "decode_mma"|"decode"|"gemm"|"torch_gemm", ...}.
 
     ``has_mma``: the binary has the tensor-core decode kernel and the GPU is sm_80+; without it a
     decode_mma entry runs the CUDA-core decode kernel instead. ``folded``: the call has the modules'
     W' = W * g; without it (a functional call) an entry's optional "fn" config replaces it (the GEMM
-    configs then pay a per-call x * g, which decode_mma does not).
+    configs then pay a per-call x * g, which decode_mma does not). ``sms``: the GPU's SM count (the
+    WAVE_C1 key, wave_prefers_128x128).
     """
     # T128: tiles of a 128 x 128 output grid, so an entry can ask for about one wave of such tiles
-    cfg = _TUNING.lookup(arch, M=M, N=N, K=K, MN=M * N, T128=-(-M // 128) * -(-N // 128))
+    wave = int(wave_prefers_128x128(M, N, sms)) if M * N >= 2**23 else 0  # only the MN rule's rows ask
+    cfg = _TUNING.lookup(arch, M=M, N=N, K=K, MN=M * N, T128=-(-M // 128) * -(-N // 128), WAVE_C1=wave)
     fn = cfg.pop("fn", None)
     if fn is not None and not folded:
         cfg = dict(fn)
@@ -167,6 +186,43 @@ def rstd_side_ctas(cfg: int, M: int, N: int, sms: int) -> int:
     bm, bn = _SM90_TILE_NO_CLUSTER[cfg]
     free = sms - (-(-M // bm)) * (-(-N // bn))
     return free if free >= RSTD_SIDE_MIN and N * free >= RSTD_SIDE_WORK else 0
+
+
+# SM90 prefill with several rounds of persistent tiles (e.g. B4096 D4096 N4096, config 0: 512 tiles on 132 SMs),
+# where no SM is idle and so the rstd kernel ran on every SM in front of the GEMM (~8 us of ~215 at B4096).
+# Streamed: the GEMM's persistent grid is capped RSTD_STREAMED_FREE SMs short, where that costs no round
+# (512 tiles: 4 rounds on 132 or 128 CTAs), and rstd runs on those SMs (clusters of the GEMM's cluster size, so
+# every GEMM cluster still fits) during the whole mainloop. The epilogue waits per row, not for the rstd grid
+# (csrc/gemm_sm90.cu RstdScale): the first round's rows must be ready by its first epilogue. With raster
+# along N the first round covers ~1/rounds of the rows, so rstd needs ~M*D*2 B / (free * ~0.1 TB/s) per
+# GEMM round of ~2*M*N*D / (rounds * 600 TFLOP/s): N * free >= RSTD_SIDE_WORK, as for the side launch.
+# Raster along M (the heuristic's choice when there are more N tiles than M tiles) needs every row in the
+# first round, so it is not streamed.
+RSTD_STREAMED = True
+RSTD_STREAMED_FREE = 4
+# csrc/gemm_sm90.cu persistent data-parallel configs: (BM, BN, cluster along M)
+_SM90_PERSISTENT_TILES = {0: (128, 256, 2), 1: (128, 128, 1), 2: (64, 128, 1), 3: (64, 128, 2), 4: (128, 128, 2),
+                          5: (256, 128, 2)}  # fmt: skip
+
+
+def rstd_streamed(cfg: int, M: int, N: int, sms: int, raster: int = 0) -> tuple[int, int, int]:
+    """(rstd CTAs, GEMM grid cap, cluster size) of the streamed launch of SM90 config ``cfg`` at (M, N) on
+    ``sms`` SMs (raster: the tile scheduler knob, 0 heuristic | 1 along M | 2 along N), or (0, 0, 0) where it
+    does not apply (see RSTD_STREAMED)."""
+    if not RSTD_STREAMED or cfg not in _SM90_PERSISTENT_TILES:
+        return 0, 0, 0
+    bm, bn, c = _SM90_PERSISTENT_TILES[cfg]
+    mt = _cdiv(_cdiv(M, bm), c) * c  # M tiles, padded to whole clusters
+    nt = _cdiv(N, bn)
+    along_n = raster == 2 or (raster == 0 and nt <= mt)  # CUTLASS: heuristic = along M iff tiles_n > tiles_m
+    tiles = mt * nt
+    full = sms // c * c
+    cap = (sms - RSTD_STREAMED_FREE) // c * c
+    if not along_n or cap <= 0 or tiles < 2 * full:
+        return 0, 0, 0
+    if -(-tiles // cap) != -(-tiles // full) or N * (sms - cap) < RSTD_SIDE_WORK:
+        return 0, 0, 0
+    return sms - cap, cap, c
 
 
 _LDPOLICY = {"evict_first": 0, "plain": 1}
@@ -299,7 +355,10 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
     cap = torch.cuda.get_device_capability(x.device)
     arch = arch_key(x.device)
     has_gemm = (cap[0] == 9 and ext.has_gemm_sm90) or (cap[0] == 8 and ext.has_gemm_sm80)
-    p = plan(arch, M, N, D, has_gemm=has_gemm, has_mma=cap[0] >= 8 and ext.has_decode_mma, folded=w_folded is not None)
+    p = plan(
+        arch, M, N, D, has_gemm=has_gemm, has_mma=cap[0] >= 8 and ext.has_decode_mma, folded=w_folded is not None,
+        sms=num_sms(x.device),
+    )  # fmt: skip
     b = _vec(bias)
     bptr = b.data_ptr() if b is not None else 0
     mod = ext.module
@@ -341,11 +400,14 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
     # Hopper PDL GEMM with idle SMs: rstd on exactly those SMs (csrc/rstd.cu rstd_side_kernel). Only when
     # the GEMM's A is x itself: after the per-call x * g of a functional call it made the call slower
     # (H200, session 10: B512 D4096 N4096 48.9 vs 37.8 us, B256 29.5 vs 23.6; not profiled).
-    side = 0
+    side = max_ctas = streamed = 0
     if p["path"] == "gemm" and cap[0] == 9 and bool(p.get("pdl", True)) and a is x2 and not self_rstd:
-        side = rstd_side_ctas(cfg, M, N, num_sms(x.device))
+        sms = num_sms(x.device)
+        side = rstd_side_ctas(cfg, M, N, sms)
+        if not side:
+            side, max_ctas, streamed = rstd_streamed(cfg, M, N, sms, int(p.get("raster", 0)))
     if not self_rstd:
-        mod.rstd(dt, x2.data_ptr(), _ld(x2), rstd.data_ptr(), M, D, float(eps), stream, side)
+        mod.rstd(dt, x2.data_ptr(), _ld(x2), rstd.data_ptr(), M, D, float(eps), stream, side, streamed)
     if p["path"] == "gemm":
         if cap[0] == 9:
             knobs = sm90_knob_args(p)
@@ -358,7 +420,7 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
             mod.gemm_sm90(
                 dt, cfg, a.data_ptr(), _ld(a), wf.data_ptr(), _ld(wf), rstd_ptr, bptr,
                 out.data_ptr(), out.stride(0), M, N, D, pdl, stream, *knobs, wsp, wsn, float(eps),
-                int(SELF_RSTD_PDL_EARLY) if self_rstd and pdl else 0,
+                int(SELF_RSTD_PDL_EARLY) if self_rstd and pdl else 0, max_ctas, streamed > 0,
             )  # fmt: skip
         else:
             mod.gemm_sm80(
