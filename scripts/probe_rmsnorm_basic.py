@@ -21,7 +21,6 @@ of L2). Prints a table last.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -35,7 +34,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 sys.path += [str(d) for d in sorted((REPO / "packages").glob("*/src"))]  # a PYTHONPATH probe build wins
 
 from fused_rmsnorm.ops import rmsnorm_linear as op  # noqa: E402
-from rmsnorm_probe_cases import checked_row, flagged_call, module_copies, start  # noqa: E402
+from rmsnorm_probe_cases import checked_row, finish, flagged_call, module_copies, start  # noqa: E402
 
 SHAPES = [  # (M, D, N, configs forced on the module path)
     (1024, 2048, 2048, (1, 12, 13)),
@@ -171,19 +170,7 @@ def main() -> int:
     with torch.no_grad():
         shapes = SETS[os.environ.get("PROBE_BASIC_SET", "suite")]
         res["rows"] = [measure(M, D, N, f, dev, ext) for M, D, N, f in shapes]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "probe_rmsnorm_basic.json").write_text(json.dumps(res, indent=1))
-    ok = True
-    for r in res["rows"]:
-        md = r["median"]
-        if not md:
-            ok = False
-            print(f"M{r['M']} D{r['D']} N{r['N']} FAILED {r['rel_err']}")
-            continue
-        fl = md["F.linear"]
-        cells = " ".join(f"{k} {v:.2f} ({v / fl:.3f})" for k, v in md.items() if k != "F.linear")
-        print(f"M{r['M']} D{r['D']} N{r['N']} cfg {r['plan'].get('config', '-')}: F.linear {fl:.2f} | {cells}")
-    return 0 if ok else 1
+    return finish(out_dir, "probe_rmsnorm_basic", res)
 
 
 if __name__ == "__main__":

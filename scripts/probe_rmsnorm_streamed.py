@@ -13,7 +13,6 @@ sets rotated out of L2). Prints a table last.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -26,14 +25,11 @@ sys.path.insert(0, str(REPO / "scripts"))
 sys.path += [str(d) for d in sorted((REPO / "packages").glob("*/src"))]  # a PYTHONPATH probe build wins
 
 from fused_rmsnorm.ops import rmsnorm_linear as op  # noqa: E402
-from rmsnorm_probe_cases import checked_row, module_copies, start  # noqa: E402
+from rmsnorm_probe_cases import EPS, L2_BYTES, ROUNDS, checked_row, finish, module_copies, start  # noqa: E402
 
 SHAPES = [(4096, 4096, 4096), (8192, 4096, 4096), (4096, 8192, 8192), (2048, 4096, 4096), (4096, 4096, 14336)]
-ROUNDS = 3
-L2_BYTES = 60 * 2**20
-EPS = 1e-6
+FORCE: list = [None]  # knobs merged into the table's plan for one call (None: the table's)
 _plan = op.plan
-FORCE: list = [None]
 
 
 def forced_plan(arch, M, N, K, **kw):
@@ -84,21 +80,7 @@ def main() -> int:
     out_dir, dev, ext, res = start(__doc__)
     with torch.no_grad():
         res["rows"] = [measure(M, D, N, dev) for M, D, N in SHAPES]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "probe_rmsnorm_streamed.json").write_text(json.dumps(res, indent=1))
-    ok = True
-    for r in res["rows"]:
-        md = r["median"]
-        if not md:
-            ok = False
-            print(f"M{r['M']} D{r['D']} N{r['N']} FAILED {r['rel_err']}")
-            continue
-        fl = md["F.linear"]
-        cells = " ".join(f"{k} {v:.2f} ({v / fl:.3f})" for k, v in md.items() if k != "F.linear")
-        print(
-            f"M{r['M']} D{r['D']} N{r['N']} cfg {r['plan'].get('config')} {r['streamed']}: F.linear {fl:.2f} | {cells}"
-        )
-    return 0 if ok else 1
+    return finish(out_dir, "probe_rmsnorm_streamed", res, lambda r: f"cfg {r['plan'].get('config')} {r['streamed']}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,10 @@ import math
 
 import torch
 
+ROUNDS = 3  # interleaved timing rounds per probe row
+L2_BYTES = 60 * 2**20  # H200 L2, rounded up: weight copies rotate past it
+EPS = 1e-6
+
 
 def module_copies(M: int, D: int, N: int, dev, l2_bytes: int) -> tuple[torch.Tensor, list]:
     """(x, modules): bf16 x with rows far apart in scale (a row-scale bug shows) and enough
@@ -88,3 +92,23 @@ def start(doc: str | None = None):
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     res["cuda"] = torch.version.cuda
     return a.out_dir, dev, ext, res
+
+
+def finish(out_dir, name: str, res: dict, tag=lambda r: f"cfg {r['plan'].get('config', '-')}") -> int:
+    """Write res as OUTDIR/<name>.json and print one line per row (us, and the ratio to F.linear); 1 if a row's
+    correctness check failed (it has no timings), else 0. tag(row): the text after the shape."""
+    import json
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(res, indent=1))
+    ok = True
+    for r in res["rows"]:
+        md, shape = r["median"], f"M{r['M']} D{r['D']} N{r['N']}"
+        if not md:
+            ok = False
+            print(f"{shape} FAILED {r['rel_err']}")
+            continue
+        fl = md["F.linear"]
+        cells = " ".join(f"{k} {v:.2f} ({v / fl:.3f})" for k, v in md.items() if k != "F.linear")
+        print(f"{shape} {tag(r)}: F.linear {fl:.2f} | {cells}")
+    return 0 if ok else 1

@@ -155,6 +155,7 @@ def test_extension_path_rejects_cpu_tensors(monkeypatch):
 
 def test_plan_sm90():
     from fused_rmsnorm.ops import rmsnorm_linear
+
     # decode shapes go to the tensor-core decode kernel or (9..32 tokens, large weights) the swap-AB
     # CUTLASS tiles, larger M to the CUTLASS GEMMs
     for M, N in ((1, 4096), (8, 4096)):
