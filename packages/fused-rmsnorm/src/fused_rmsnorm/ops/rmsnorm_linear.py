@@ -197,9 +197,9 @@ def rstd_side_ctas(cfg: int, M: int, N: int, sms: int) -> int:
 # along N the first round covers ~1/rounds of the rows, so rstd needs ~M*D*2 B / (free * ~0.1 TB/s) per
 # GEMM round of ~2*M*N*D / (rounds * 600 TFLOP/s): N * free >= RSTD_SIDE_WORK, as for the side launch.
 # Raster along M (the heuristic's choice when there are more N tiles than M tiles) needs every row in the
-# first round, so it is not streamed. H200, session 25 (scripts/probe_rmsnorm_streamed.py, one run), streamed vs
-# rstd in front: B4096 222.8 vs 223.8 us, M8192 D4096 N4096 439.6 vs 450.1, M4096 D8192 N8192 873.2 vs 880.5;
-# where the rest of the ~8 us at B4096 goes was not profiled.
+# first round, so it is not streamed. H200, session 25 (scripts/probe_rmsnorm_streamed.py, two runs), streamed vs
+# rstd in front: B4096 222.8 / 223.1 vs 223.8 / 226.6 us, M8192 D4096 N4096 439.6 / 443.7 vs 450.1 / 456.8, M4096
+# D8192 N8192 873.2 / 887.7 vs 880.5 / 902.0; where the rest of the ~8 us at B4096 goes was not profiled.
 RSTD_STREAMED = True
 RSTD_STREAMED_FREE = 4
 # csrc/gemm_sm90.cu persistent data-parallel configs: (BM, BN, cluster along M)
