@@ -79,7 +79,7 @@ def compile_std(cfg: dict, M: int, N: int, K: int, split: int, quant_a: bool = F
         ch = min(G._AMAX_CHUNK_MAX, triton.next_power_of_2(K))
         consts |= dict(AMAX_ONE_ROW=True, AMAX_CHUNK=ch, AMAX_NCHUNK=-(-K // ch))
     if cfg.get("PREFETCH"):
-        kps = G._cdiv(G._cdiv(K, bk), split) * bk
+        kps = G.cdiv(G.cdiv(K, bk), split) * bk
         consts["PF_LINES"] = triton.next_power_of_2(-(-kps // 128))
     if pdl:
         consts["PDL_WAIT"] = True

@@ -9,6 +9,7 @@ llmk_common = pytest.importorskip("flashattn_triton._common", reason="flashattn-
 from flashattn_triton._common import (  # noqa: E402
     Backend,
     TuningTable,
+    cdiv,
     check_same_device,
     check_tensor,
     num_sms,
@@ -27,6 +28,12 @@ def test_check_tensor_names_the_argument():
         check_tensor("x", torch.zeros(3), min_rank=2)
     t = torch.ones(2, 2)
     assert check_tensor("t", t, dtypes=(torch.float32,), rank=2) is t
+
+
+def test_cdiv_is_exact_ceiling():
+    # Past 2**53 a float ceil would round; the planners see element counts that large.
+    for a, b in [(0, 7), (1, 7), (7, 7), (8, 7), (2**62 + 1, 3), (14336, 64)]:
+        assert cdiv(a, b) == (a + b - 1) // b
 
 
 def test_check_same_device():

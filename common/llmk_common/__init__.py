@@ -8,6 +8,7 @@ import each other.
 
 from .checks import check_same_device, check_tensor
 from .device import Backend, interpreter_enabled, num_sms, select_backend, use_registered_op
+from .shapes import cdiv
 from .tuning import TuningTable, arch_key, capability
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "TuningTable",
     "arch_key",
     "capability",
+    "cdiv",
     "check_same_device",
     "check_tensor",
     "interpreter_enabled",

@@ -1049,6 +1049,39 @@ def test_gpu_sm90_streamed_rstd(dtype, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_gpu_sm90_streamed_rstd_waits_for_late_rows():
+    """The epilogue's per-row wait itself: the GEMM is launched with streamed_rstd on an rstd buffer that is all
+    poison (-1.0f), and the real values arrive from another stream only after ~25 ms. The GEMM must still be
+    running a few ms in (it waits) and then give the right result (a read without the wait scales rows by -1)."""
+    import time
+
+    from fused_rmsnorm.ops import rmsnorm_linear as op
+
+    m = _sm90_ext_or_skip()
+    sms = op.num_sms(torch.device("cuda"))
+    M, D, N = 2048, 264, 4096  # config 1, raster N: 16 x 32 tiles, several rounds on sms - 4 CTAs
+    x, g, w, _ = _gpu_case(M, D, N, torch.bfloat16, seed=12)
+    wf = fold_weight(g, w)
+    real = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-6)
+    rstd = torch.full((M,), -1.0, device="cuda")
+    y = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        rstd.copy_(real)
+    s = torch.cuda.current_stream()
+    m.gemm_sm90(1, 1, x.data_ptr(), D, wf.data_ptr(), D, rstd.data_ptr(), 0, y.data_ptr(), N, M, N, D, False,
+                s.cuda_stream, raster=2, max_ctas=sms - 4, streamed_rstd=True)  # fmt: skip
+    done = torch.cuda.Event()
+    done.record(s)
+    time.sleep(0.005)
+    assert not done.query(), "the GEMM finished before its rstd rows were written"
+    torch.cuda.synchronize()
+    assert torch.isfinite(y).all() and rel_err(y, _ref32(x, g, w, None, 1e-6).double()) <= 1e-2
+
+
+@pytest.mark.gpu
 def test_gpu_sm90_stream_k_workspace_and_graph(monkeypatch):
     """Stream-K needs a workspace: the binding refuses a launch without one, the data-parallel configs
     need none, and the per-call torch workspace works under CUDA-graph capture (zeroed each replay)."""

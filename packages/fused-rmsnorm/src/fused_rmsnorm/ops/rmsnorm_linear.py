@@ -26,7 +26,16 @@ import torch
 import torch.nn.functional as F
 
 from .. import backend as _backend
-from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, num_sms, select_backend
+from .._common import (
+    Backend,
+    TuningTable,
+    arch_key,
+    cdiv,
+    check_same_device,
+    check_tensor,
+    num_sms,
+    select_backend,
+)
 
 _DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1}
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -78,18 +87,14 @@ def torch_reference(x, w_norm, w_lin, bias, eps):
 # ---------------------------------------------------------------------------------------- planning
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def wave_prefers_128x128(M: int, N: int, sms: int) -> bool:
     """The rounds model of the tuning key WAVE_C1: True where config 1's 128x128 tiles (one per SM) lose fewer
     persistent rounds than config 0's 128x256 2-CTA-cluster tiles by more than config 0's own edge. H200, session 25
     (PROBE_BASIC_SET=llm): per round of tile area config 0 was ~10% faster where both grids filled their rounds
     alike, so config 1 wins iff 0.9 * 2 * rounds(config 0) > rounds(config 1); e.g. M1536 D4096 N6144: 288
     tiles = 3 rounds of 132 against 576 = 5, measured 141.8 vs 131.1 us (F.linear 112.2)."""
-    r0 = _cdiv(_cdiv(_cdiv(M, 128), 2) * 2 * _cdiv(N, 256), sms // 2 * 2)
-    r1 = _cdiv(_cdiv(M, 128) * _cdiv(N, 128), sms)
+    r0 = cdiv(cdiv(cdiv(M, 128), 2) * 2 * cdiv(N, 256), sms // 2 * 2)
+    r1 = cdiv(cdiv(M, 128) * cdiv(N, 128), sms)
     return 1.8 * r0 > r1
 
 
@@ -106,7 +111,7 @@ def plan(
     """
     # T128: tiles of a 128 x 128 output grid, so an entry can ask for about one wave of such tiles
     wave = int(wave_prefers_128x128(M, N, sms)) if M * N >= 2**23 else 0  # only the MN rule's rows ask
-    cfg = _TUNING.lookup(arch, M=M, N=N, K=K, MN=M * N, T128=-(-M // 128) * -(-N // 128), WAVE_C1=wave)
+    cfg = _TUNING.lookup(arch, M=M, N=N, K=K, MN=M * N, T128=cdiv(M, 128) * cdiv(N, 128), WAVE_C1=wave)
     fn = cfg.pop("fn", None)
     if fn is not None and not folded:
         cfg = dict(fn)
@@ -184,7 +189,7 @@ def rstd_side_ctas(cfg: int, M: int, N: int, sms: int) -> int:
     if not RSTD_SIDE or cfg not in _SM90_TILE_NO_CLUSTER:
         return 0
     bm, bn = _SM90_TILE_NO_CLUSTER[cfg]
-    free = sms - (-(-M // bm)) * (-(-N // bn))
+    free = sms - cdiv(M, bm) * cdiv(N, bn)
     return free if free >= RSTD_SIDE_MIN and N * free >= RSTD_SIDE_WORK else 0
 
 
@@ -214,15 +219,15 @@ def rstd_streamed(cfg: int, M: int, N: int, sms: int, raster: int = 0) -> tuple[
     if not RSTD_STREAMED or cfg not in _SM90_PERSISTENT_TILES:
         return 0, 0, 0
     bm, bn, c = _SM90_PERSISTENT_TILES[cfg]
-    mt = _cdiv(_cdiv(M, bm), c) * c  # M tiles, padded to whole clusters
-    nt = _cdiv(N, bn)
+    mt = cdiv(cdiv(M, bm), c) * c  # M tiles, padded to whole clusters
+    nt = cdiv(N, bn)
     along_n = raster == 2 or (raster == 0 and nt <= mt)  # CUTLASS: heuristic = along M iff tiles_n > tiles_m
     tiles = mt * nt
     full = sms // c * c
     cap = (sms - RSTD_STREAMED_FREE) // c * c
     if not along_n or cap <= 0 or tiles < 2 * full:
         return 0, 0, 0
-    if -(-tiles // cap) != -(-tiles // full) or N * (sms - cap) < RSTD_SIDE_WORK:
+    if cdiv(tiles, cap) != cdiv(tiles, full) or N * (sms - cap) < RSTD_SIDE_WORK:
         return 0, 0, 0
     return sms - cap, cap, c
 

@@ -45,7 +45,16 @@ try:  # host-side TMA descriptors (Triton >= 3.4); the TMA variant is skipped wi
 except ImportError:  # pragma: no cover
     _TensorDescriptor = None
 
-from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend, use_registered_op
+from .._common import (
+    Backend,
+    TuningTable,
+    arch_key,
+    cdiv,
+    check_same_device,
+    check_tensor,
+    select_backend,
+    use_registered_op,
+)
 from .._common import direct as _direct
 from .._common.device import num_sms
 from . import _gemm_sm90
@@ -779,8 +788,8 @@ def m_bucket(M: int) -> tuple[int, int]:
 
 def _auto_split_k(M: int, N: int, K: int, cfg: dict[str, Any], num_sms: int) -> int:
     """Enough K splits that the grid covers the SMs ~2x, each split keeping >= 4 K-blocks."""
-    tiles = _cdiv(M, cfg["BLOCK_M"]) * _cdiv(N, cfg["BLOCK_N"])
-    k_blocks = _cdiv(K, cfg["BLOCK_K"])
+    tiles = cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"])
+    k_blocks = cdiv(K, cfg["BLOCK_K"])
     split = 1
     while tiles * split < 2 * num_sms and k_blocks // (split * 2) >= 4 and split < 16:
         split *= 2
@@ -947,10 +956,6 @@ def _tma_ok(A: torch.Tensor, B: torch.Tensor) -> bool:
     )
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 class _Plan:
     """Everything about one launch that depends only on the shape/stride/dtype key (see _plan_key):
     the config, grid, split-K and the constexpr/launch keyword arguments. Built once per key, so a
@@ -1017,7 +1022,7 @@ def _make_plan(A, B, sa, sb, bias, out_dtype, cfg, quant_a, pdl, allow_fused=Tru
     split_k = int(cfg.get("SPLIT_K", 1))
     if split_k <= 0:
         split_k = _auto_split_k(M, N, K, cfg, num_sms(A.device) if on_gpu else 4)
-    split_k = max(1, min(split_k, _cdiv(K, bk)))  # never below one K block per split
+    split_k = max(1, min(split_k, cdiv(K, bk)))  # never below one K block per split
     out_int32 = out_dtype == torch.int32
     common = dict(
         HAS_BIAS=bias is not None,
@@ -1033,7 +1038,7 @@ def _make_plan(A, B, sa, sb, bias, out_dtype, cfg, quant_a, pdl, allow_fused=Tru
         if _swapab_eligible(A, b_kmajor, M, quant_a, on_gpu):
             return _swapab_plan(p, A, cfg, M, N, K, bias, out_dtype, on_gpu, allow_fused, pdl)
         return _make_plan(A, B, sa, sb, bias, out_dtype, _SWAPAB_FALLBACK, quant_a, pdl, allow_fused)
-    p.num_tiles = _cdiv(M, bm) * _cdiv(N, bn)
+    p.num_tiles = cdiv(M, bm) * cdiv(N, bn)
     if cfg.get("SM90", 0) and b_kmajor and not quant_a and not pdl and _gemm_sm90.eligible(A, B.t(), False):
         # the Gluon kernel (K-major B only); its tiles are the SM90_* keys, the rest of cfg is the fallback
         _gemm_sm90.resolve(cfg)  # a bad entry fails here, at plan time, not in the compiler
@@ -1076,24 +1081,24 @@ def _make_plan(A, B, sa, sb, bias, out_dtype, cfg, quant_a, pdl, allow_fused=Tru
     )
     if quant_a and M == 1:
         chunk = min(_AMAX_CHUNK_MAX, triton.next_power_of_2(K))
-        kw.update(AMAX_ONE_ROW=True, AMAX_CHUNK=chunk, AMAX_NCHUNK=_cdiv(K, chunk))
+        kw.update(AMAX_ONE_ROW=True, AMAX_CHUNK=chunk, AMAX_NCHUNK=cdiv(K, chunk))
     # Decode-only options, GPU only (inline PTX / PDL have no interpreter form).
     if cfg.get("PREFETCH", 0) and b_kmajor and on_gpu:
-        k_per_split = _cdiv(_cdiv(K, bk), split_k) * bk
-        kw["PF_LINES"] = triton.next_power_of_2(_cdiv(k_per_split, 128))
+        k_per_split = cdiv(cdiv(K, bk), split_k) * bk
+        kw["PF_LINES"] = triton.next_power_of_2(cdiv(k_per_split, 128))
     if pdl and on_gpu:
         kw.update(PDL_WAIT=True, launch_pdl=True, PDL_TRIGGER=_pdl_trigger(pdl))
     if split_k > 1 and split_k * M * N < 2**31:
         kw["WS_I32"] = True
     p.kw = kw
-    p.reduce_grid = (_cdiv(M, 32), _cdiv(N, 128)) if split_k > 1 and not fused else None
+    p.reduce_grid = (cdiv(M, 32), cdiv(N, 128)) if split_k > 1 and not fused else None
     return p
 
 
 def _gemv_split_k(N: int, K: int, bn: int, bk: int, num_sms: int) -> int:
     """Enough K splits that the GEMV grid covers the SMs ~2x, each split keeping >= 2 K-blocks."""
-    tiles = _cdiv(N, bn)
-    k_blocks = _cdiv(K, bk)
+    tiles = cdiv(N, bn)
+    k_blocks = cdiv(K, bk)
     split = 1
     while tiles * split < 2 * num_sms and k_blocks // (split * 2) >= 2 and split < 16:
         split *= 2
@@ -1108,12 +1113,12 @@ def _gemv_plan(p, A, B, cfg, M, N, K, bias, out_dtype, quant_a, on_gpu, allow_fu
     split_k = int(cfg.get("SPLIT_K", 1))
     if split_k <= 0:
         split_k = _gemv_split_k(N, K, bn, bk, num_sms(A.device) if on_gpu else 4)
-    split_k = max(1, min(split_k, _cdiv(K, bk)))
+    split_k = max(1, min(split_k, cdiv(K, bk)))
     fused = split_k > 1 and cfg.get("FUSED_REDUCE", True) and allow_fused
     if quant_a and split_k > 1 and not fused:
         split_k = 1  # the two-kernel reduction needs sa in memory
     p.split_k, p.fused = split_k, fused
-    p.num_tiles = _cdiv(N, bn)
+    p.num_tiles = cdiv(N, bn)
     p.grid = (p.num_tiles, split_k)
     kw = dict(
         HAS_BIAS=bias is not None,
@@ -1134,7 +1139,7 @@ def _gemv_plan(p, A, B, cfg, M, N, K, bias, out_dtype, quant_a, on_gpu, allow_fu
     if quant_a:
         if M == 1:
             chunk = min(_AMAX_CHUNK_MAX, triton.next_power_of_2(K))
-            kw.update(AMAX_CHUNK=chunk, AMAX_NCHUNK=_cdiv(K, chunk))
+            kw.update(AMAX_CHUNK=chunk, AMAX_NCHUNK=cdiv(K, chunk))
         else:
             kw["AMAX_CHUNK"] = min(triton.next_power_of_2(K), max(16, 4096 // triton.next_power_of_2(M)))
     if split_k > 1 and split_k * M * N < 2**31:
@@ -1144,7 +1149,7 @@ def _gemv_plan(p, A, B, cfg, M, N, K, bias, out_dtype, quant_a, on_gpu, allow_fu
     if pdl and on_gpu and not quant_a and gdc_wait is not None:
         kw.update(PDL_WAIT=True, launch_pdl=True, PDL_TRIGGER=_pdl_trigger(pdl))
     p.kw = kw
-    p.reduce_grid = (_cdiv(M, 32), _cdiv(N, 128)) if split_k > 1 and not fused else None
+    p.reduce_grid = (cdiv(M, 32), cdiv(N, 128)) if split_k > 1 and not fused else None
     return p
 
 
@@ -1179,8 +1184,8 @@ def _swapab_tma_ok(A: torch.Tensor, B: torch.Tensor) -> bool:
 def _swapab_split_k(N: int, K: int, bn: int, bk: int, num_sms: int) -> int:
     """Decode streams the weight once: about one wave of programs (tiles * split <= 1.25 x SMs),
     each split keeping >= 2 K-blocks so the TMA pipeline has something to overlap."""
-    tiles = _cdiv(N, bn)
-    k_blocks = _cdiv(K, bk)
+    tiles = cdiv(N, bn)
+    k_blocks = cdiv(K, bk)
     split = 1
     while tiles * split * 2 <= num_sms + num_sms // 4 and k_blocks // (split * 2) >= 2 and split < 16:
         split *= 2
@@ -1195,10 +1200,10 @@ def _swapab_plan(p, A, cfg, M, N, K, bias, out_dtype, on_gpu, allow_fused, pdl) 
     split_k = int(cfg.get("SPLIT_K", 1))
     if split_k <= 0:
         split_k = _swapab_split_k(N, K, bn, bk, num_sms(A.device) if on_gpu else 4)
-    split_k = max(1, min(split_k, _cdiv(K, bk)))
+    split_k = max(1, min(split_k, cdiv(K, bk)))
     fused = split_k > 1 and cfg.get("FUSED_REDUCE", True) and allow_fused
     p.split_k, p.fused = split_k, fused
-    p.num_tiles = _cdiv(N, bn)
+    p.num_tiles = cdiv(N, bn)
     p.grid = (p.num_tiles, split_k)
     p.tma = (bn, _SWAPAB_MAX_M, bk)
     kw = dict(
@@ -1217,7 +1222,7 @@ def _swapab_plan(p, A, cfg, M, N, K, bias, out_dtype, on_gpu, allow_fused, pdl) 
     if split_k > 1 and split_k * M * N < 2**31:
         kw["WS_I32"] = True
     p.kw = kw
-    p.reduce_grid = (_cdiv(M, 32), _cdiv(N, 128)) if split_k > 1 and not fused else None
+    p.reduce_grid = (cdiv(M, 32), cdiv(N, 128)) if split_k > 1 and not fused else None
     return p
 
 
@@ -1303,7 +1308,7 @@ def _launch(
     ws = torch.empty((p.split_k, M, N), dtype=torch.int32, device=A.device) if p.split_k > 1 else dummy
     if p.kind == "swapab":
         bn, bt, bk = p.tma
-        x_rs = A.stride(0) if M > 1 else _cdiv(K, 16) * 16  # one row: its stride is never used
+        x_rs = A.stride(0) if M > 1 else cdiv(K, 16) * 16  # one row: its stride is never used
         args = (
             _TensorDescriptor(B.t(), [N, K], [B.stride(1), 1], [bn, bk]),  # the (N, K) weight
             _TensorDescriptor(A, [M, K], [x_rs, 1], [bt, bk]),  # tokens >= M: zero-filled rows

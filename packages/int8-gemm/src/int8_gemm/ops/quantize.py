@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._common import Backend, check_tensor, interpreter_enabled, select_backend, use_registered_op
+from .._common import Backend, cdiv, check_tensor, interpreter_enabled, select_backend, use_registered_op
 from .._common import direct as _direct
 
 try:  # programmatic dependent launch (SM90+)
@@ -169,7 +169,7 @@ def _quantize_plan(
         kw["PDL_TRIGGER"] = True
     if pdl_wait and not interp and gdc_wait is not None:
         kw.update(PDL_WAIT=True, launch_pdl=True)
-    return ((-(-R // block_r),), kw)
+    return ((cdiv(R, block_r),), kw)
 
 
 def _launch_quantize_rows(
