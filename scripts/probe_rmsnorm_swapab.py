@@ -44,6 +44,9 @@ VARIANTS = {
     "gemm10": {"path": "gemm", "config": 10, "pdl": True},
     "gemm11": {"path": "gemm", "config": 11, "pdl": True},  # 7 with rstd from x in-kernel (fn: runs 7)
     "mma_auto": {"path": "decode_mma", "wn": 0, "ksplit": 0},
+    # config 11 on a capped persistent grid ("ctas"): at N14336 its 224 W tiles on 132 CTAs leave 40 CTAs
+    # with one tile and 92 with two; 112 CTAs give every CTA (both consumer warpgroups) two
+    **{f"gemm11_c{c}": {"path": "gemm", "config": 11, "pdl": True, "ctas": c} for c in (112, 120, 128, 96)},
 }
 
 
@@ -91,7 +94,7 @@ def main() -> int:
         def one(wi):  # the stream is looked up per call: graph capture runs on a side stream
             s = torch.cuda.current_stream().cuda_stream
             mod.gemm_sm90(1, c, x.data_ptr(), D, wi.data_ptr(), D, rstd.data_ptr(), 0, y.data_ptr(), N, M, N, D,
-                          False, s, *knobs, wsp, wsn, T.EPS)  # fmt: skip
+                          False, s, *knobs, wsp, wsn, T.EPS, 0, op.sm90_ctas_arg(cfg))  # fmt: skip
 
         return harness.time_ms(calls(lambda _x, wi: one(wi), x, ws), small=True, rep_ms=20) * 1e3
 

@@ -165,6 +165,8 @@ def test_plan_sm90():
     for M, N, K, cfg in ((16, 14336, 4096, 11), (2, 14336, 4096, 11), (1, 14336, 4096, 11), (9, 8192, 8192, 7)):
         p = plan("sm90", M, N, K, has_gemm=True)
         assert p["path"] == "gemm" and p["config"] == cfg, (M, p)
+        # session 26: config 11's 224 W tiles at N14336 run two per CTA on 112 CTAs
+        assert p.get("ctas", 0) == (112 if cfg == 11 else 0), (M, p)
         # functional calls (no folded W') keep the decode kernel there: the GEMM would pay a per-call x * g
         p = plan("sm90", M, N, K, has_gemm=True, folded=False)
         assert p["path"] == "decode_mma" and "fn" not in p, (M, p)
@@ -795,16 +797,36 @@ def test_sm90_knob_args_validation():
             sm90_knob_args(cfg)
 
 
+def test_sm90_ctas_arg_validation():
+    """The "ctas" cap: absent = 0 (every SM); refused for stream-K (workspace sized for the full grid) and the
+    non-persistent configs (grid = tiles), and for non-ints."""
+    from fused_rmsnorm.ops.rmsnorm_linear import SM90_BASIC_CONFIGS, SM90_STREAM_K_CONFIGS, sm90_ctas_arg
+
+    assert sm90_ctas_arg({"config": 11}) == 0
+    assert sm90_ctas_arg({"config": 11, "ctas": 112}) == 112
+    for cfg, msg in [
+        ({"config": 11, "ctas": -2}, "'ctas'"),
+        ({"config": 11, "ctas": 7}, "'ctas'"),
+        ({"config": 11, "ctas": 1.5}, "'ctas'"),
+        ({"config": 11, "ctas": True}, "'ctas'"),
+        ({"config": SM90_STREAM_K_CONFIGS[0], "ctas": 64}, "persistent"),
+        ({"config": SM90_BASIC_CONFIGS[0], "ctas": 64}, "persistent"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            sm90_ctas_arg(cfg)
+
+
 def test_shipped_sm90_gemm_entries_are_valid():
     import json
 
     from fused_rmsnorm.ops import rmsnorm_linear as op
-    from fused_rmsnorm.ops.rmsnorm_linear import sm90_knob_args
+    from fused_rmsnorm.ops.rmsnorm_linear import sm90_ctas_arg, sm90_knob_args
 
     table = json.loads(op._TUNING_PATH.read_text())
     for e in table["sm90"]:
         if e["config"].get("path") == "gemm":
             sm90_knob_args(e["config"])
+            sm90_ctas_arg(e["config"])
     assert "raster" in table["_comment"] and "swizzle" in table["_comment"]
 
 
@@ -925,10 +947,12 @@ def test_gpu_sm90_swap_ab_configs(config, M, dtype, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [136, 4104])
 @pytest.mark.parametrize("M", [3, 16])
-def test_gpu_sm90_self_rstd_multi_tile(M, D, monkeypatch):
+@pytest.mark.parametrize("ctas", [0, 2, 112])
+def test_gpu_sm90_self_rstd_multi_tile(M, D, ctas, monkeypatch):
     """Self-rstd swap-AB configs with several W tiles per CTA (301 64-row tiles, the last partial, on at
-    most 132 CTAs): the TMA producer's waits on the aux warp's reads span the first two tiles of a CTA,
-    also when a tile has fewer k-tiles than the ring has stages (D = 136: 2 k-tiles)."""
+    most 132 CTAs, or on the "ctas" cap: 2 CTAs run ~150 tiles each): the TMA producer's waits on the aux
+    warp's reads span the first two tiles of a CTA, also when a tile has fewer k-tiles than the ring has
+    stages (D = 136: 2 k-tiles)."""
     from fused_rmsnorm.ops import rmsnorm_linear as op
 
     _sm90_ext_or_skip()
@@ -939,7 +963,8 @@ def test_gpu_sm90_self_rstd_multi_tile(M, D, monkeypatch):
     wf = fold_weight(g, w)
     for config in op.SM90_SELF_RSTD_TWIN:
         assert M <= op.SM90_SELF_RSTD_TOKENS[config]
-        monkeypatch.setattr(op, "plan", lambda *a, c=config, **k: {"path": "gemm", "config": c, "pdl": True})
+        cfg = {"path": "gemm", "config": config, "pdl": True, "ctas": ctas}
+        monkeypatch.setattr(op, "plan", lambda *a, c=cfg, **k: dict(c))
         for _ in range(3):  # repeated launches: the mbarriers are initialized per launch
             y = op.fused_rmsnorm_linear_folded(x, g, w, wf, b)
             torch.cuda.synchronize()

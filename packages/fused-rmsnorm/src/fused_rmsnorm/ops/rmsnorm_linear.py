@@ -256,6 +256,7 @@ def mma_variant_args(cfg: dict) -> tuple[int, int, int]:
 
 SM90_NUM_CONFIGS = 15  # csrc/frms.h FRMS_SM90_NUM_CONFIGS
 SM90_STREAM_K_CONFIGS = (6,)  # csrc/frms.h FRMS_SM90_STREAM_K_CONFIG: the config that takes splits / a workspace
+SM90_BASIC_CONFIGS = (12, 13, 14)  # the non-persistent kernel: one CTA per tile, so no CTA cap
 
 
 def sm90_knob_args(cfg: dict) -> tuple[int, int, int]:
@@ -277,6 +278,18 @@ def sm90_knob_args(cfg: dict) -> tuple[int, int, int]:
     if splits > 1 and config not in SM90_STREAM_K_CONFIGS:
         raise ValueError(f"sm90 gemm config 'splits' > 1 needs a stream-K config {SM90_STREAM_K_CONFIGS}, got {cfg!r}")
     return int(raster), int(swizzle), int(splits)
+
+
+def sm90_ctas_arg(cfg: dict) -> int:
+    """Optional sm90 "gemm" key "ctas": a cap on the persistent grid's CTAs (0 / absent: one per SM, CUTLASS's
+    default). Not for stream-K (its workspace is sized for the full grid) nor the non-persistent configs."""
+    ctas = cfg.get("ctas", 0)
+    if isinstance(ctas, bool) or not isinstance(ctas, int) or ctas < 0 or ctas % 2:
+        # even: whole 2-CTA clusters, the largest cluster any config launches
+        raise ValueError(f"sm90 gemm config 'ctas' must be an even int >= 0, got {ctas!r}")
+    if ctas and (cfg.get("config", 0) in SM90_STREAM_K_CONFIGS or cfg.get("config", 0) in SM90_BASIC_CONFIGS):
+        raise ValueError(f"sm90 gemm config 'ctas' needs a persistent data-parallel config, got {cfg!r}")
+    return int(ctas)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -418,6 +431,7 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
     if p["path"] == "gemm":
         if cap[0] == 9:
             knobs = sm90_knob_args(p)
+            max_ctas = max_ctas or sm90_ctas_arg(p)  # streamed rstd sets its own cap
             wsp, wsn, _ws = _sm90_workspace(mod, dt, cfg, M, N, D, knobs, x.device)
             if self_rstd:  # W' may be read before the wait only when it is the settled module cache (SELF_RSTD_PDL)
                 pdl = SELF_RSTD_PDL and bool(p.get("pdl", True)) and wf is w_folded and _w_settled(wf)
