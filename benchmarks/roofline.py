@@ -1,7 +1,7 @@
 """Roofline: measure this device's copy bandwidth and matmul rates once, then place every
 benchmark record (achieved FLOP/s vs arithmetic intensity) against that roofline.
 
-    python benchmarks/roofline.py [RESULTS_JSON] [--out DIR]
+    python benchmarks/roofline.py [RESULTS_JSON] [--out DIR] [--ceilings ROOFLINE_JSON]
 
 Writes <stem>-roofline.png/.svg beside the results and prints % of roofline per kernel and shape.
 Without a GPU it runs as a smoke pass on tiny CPU sizes (numbers meaningless).
@@ -114,18 +114,28 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", nargs="?", type=Path, default=harness.RESULTS_DIR / f"{harness.gpu_slug()}.json")
     ap.add_argument("--out", type=Path, default=None, help="directory for the plot and the ceilings JSON")
+    ap.add_argument(
+        "--ceilings",
+        type=Path,
+        default=None,
+        help="reuse the ceilings (and env) of a roofline JSON measured on the GPU (redraw after a CPU-side merge)",
+    )
     args = ap.parse_args(argv)
     data = json.loads(args.results.read_text())
-    ceilings = measure_ceilings()
+    if args.ceilings:
+        prev = json.loads(args.ceilings.read_text())
+        ceilings, ceil_env = prev["ceilings"], prev["env"]
+    else:
+        ceilings, ceil_env = measure_ceilings(), harness.env_info()
     rows = roofline_rows(data["records"], ceilings)
     out_dir = args.out or args.results.parent
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / args.results.stem
     (stem.with_name(stem.name + "-roofline.json")).write_text(
-        json.dumps({"env": harness.env_info(), "ceilings": ceilings, "rows": rows}, indent=1)
+        json.dumps({"env": ceil_env, "ceilings": ceilings, "rows": rows}, indent=1)
     )
     paths = plot(rows, ceilings, stem, data["env"])
-    if harness.smoke_mode():
+    if harness.smoke_mode() and not args.ceilings:
         print("SMOKE PASS (no CUDA GPU): ceilings and percentages are meaningless.")
     print(
         f"ceilings: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 {ceilings['bf16_flops_per_s'] / 1e12:.0f}"

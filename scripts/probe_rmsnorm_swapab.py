@@ -47,6 +47,7 @@ VARIANTS = {
     # config 11 on a capped persistent grid ("ctas"): at N14336 its 224 W tiles on 132 CTAs leave 40 CTAs
     # with one tile and 92 with two; 112 CTAs give every CTA (both consumer warpgroups) two
     **{f"gemm11_c{c}": {"path": "gemm", "config": 11, "pdl": True, "ctas": c} for c in (112, 120, 128, 96)},
+    "gemm8_c112": {"path": "gemm", "config": 8, "pdl": True, "ctas": 112},
 }
 
 

@@ -64,6 +64,14 @@ def test_merge_roofline_and_profile(smoke_results, tmp_path):
     assert roof["ceilings"]["copy_bytes_per_s"] > 0 and roof["rows"]
     assert all(r["pct"] > 0 for r in roof["rows"])
     assert next(tmp_path.glob("*-roofline.png")).stat().st_size > 1000
+    # --ceilings: redraw on given (GPU-measured) ceilings; the percentages follow them
+    fake = {"env": {"gpu": "X"}, "ceilings": {k: v * 2 for k, v in roof["ceilings"].items()}}
+    (tmp_path / "ceil.json").write_text(json.dumps(fake))
+    redo = tmp_path / "redo"
+    assert roofline.main([str(merged), "--out", str(redo), "--ceilings", str(tmp_path / "ceil.json")]) == 0
+    roof2 = json.loads(next(redo.glob("*-roofline.json")).read_text())
+    assert roof2["env"] == {"gpu": "X"} and roof2["ceilings"] == fake["ceilings"]
+    assert [r["roof"] for r in roof2["rows"]] == [2 * r["roof"] for r in roof["rows"]]
 
     assert profile_kernels.main(["--no-ncu", "--iters", "1", "--out", str(tmp_path)]) == 0
     prof = json.loads((tmp_path / "profile_kernels.json").read_text())
