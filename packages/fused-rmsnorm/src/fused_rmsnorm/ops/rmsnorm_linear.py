@@ -26,16 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import backend as _backend
-from .._common import (
-    Backend,
-    TuningTable,
-    arch_key,
-    cdiv,
-    check_same_device,
-    check_tensor,
-    num_sms,
-    select_backend,
-)
+from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, num_sms, select_backend
+from .._common.shapes import cdiv
 
 _DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1}
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -45,18 +45,10 @@ try:  # host-side TMA descriptors (Triton >= 3.4); the TMA variant is skipped wi
 except ImportError:  # pragma: no cover
     _TensorDescriptor = None
 
-from .._common import (
-    Backend,
-    TuningTable,
-    arch_key,
-    cdiv,
-    check_same_device,
-    check_tensor,
-    select_backend,
-    use_registered_op,
-)
+from .._common import Backend, TuningTable, arch_key, check_same_device, check_tensor, select_backend, use_registered_op
 from .._common import direct as _direct
 from .._common.device import num_sms
+from .._common.shapes import cdiv
 from . import _gemm_sm90
 from .quantize import MIN_ABSMAX, _rne
 
