@@ -799,7 +799,7 @@ def test_sm90_knob_args_validation():
 
 def test_sm90_ctas_arg_validation():
     """The "ctas" cap: absent = 0 (every SM); refused for stream-K (workspace sized for the full grid) and the
-    non-persistent configs (grid = tiles), and for non-ints."""
+    non-persistent configs (grid = tiles), and for odd (not whole 2-CTA clusters) or non-int counts."""
     from fused_rmsnorm.ops.rmsnorm_linear import SM90_BASIC_CONFIGS, SM90_STREAM_K_CONFIGS, sm90_ctas_arg
 
     assert sm90_ctas_arg({"config": 11}) == 0
