@@ -1,7 +1,7 @@
 """Decode kernels under Nsight Compute: ours next to the cuBLAS kernel F.linear picks, same shapes.
 
     ncu --nvtx --nvtx-include "prof/" --clock-control none --csv --metrics <list> \
-        python scripts/ncu_decode.py [--cases rms,int8]   (also: rmsmod, the modules' path)
+        python scripts/ncu_decode.py [--cases rms,int8]   (also: rmsmod / rmsbig, the modules' path)
 
 Each case runs once outside the NVTX range (compile, plan caches, autotune) and once inside the range
 "prof", right after one `torch.cuda._sleep` marker kernel, so ncu profiles exactly one call of each
@@ -41,17 +41,27 @@ def rms_cases(dev):
 def rms_module_cases(dev):
     """The modules' path (folded W'): at M16 D4096 N14336 the self-rstd swap-AB config 11 (one kernel), at
     M1024 D2048 N2048 the rstd kernel + the 128x128 ping-pong GEMM (config 1), next to F.linear."""
+    yield from _module_cases(dev, "rmsmod", [(16, 4096, 14336), (1024, 2048, 2048)])
+
+
+def rms_big_cases(dev):
+    """B4096 D4096 N4096, the prefill bar's largest case: the 128x256 cooperative GEMM (config 0) next to the
+    kernel cuBLAS picks (its name gives the tile, stages and cluster)."""
+    yield from _module_cases(dev, "rmsbig", [(4096, 4096, 4096)])
+
+
+def _module_cases(dev, prefix, shapes):
     from fused_rmsnorm import FusedRMSNormLinear
 
-    for M, D, N in [(16, 4096, 14336), (1024, 2048, 2048)]:
+    for M, D, N in shapes:
         x = torch.randn(M, D, device=dev).bfloat16()
         mod = FusedRMSNormLinear(D, N, device=dev, dtype=torch.bfloat16)
         with torch.no_grad():
             mod.norm_weight.uniform_(0.5, 1.5)
             mod.weight.normal_(0.0, D**-0.5)
         tag = f"M{M} D{D} N{N}"
-        yield f"rmsmod {tag} F.linear", lambda x=x, mod=mod: F.linear(x, mod.weight)
-        yield f"rmsmod {tag} module", lambda x=x, mod=mod: mod(x)
+        yield f"{prefix} {tag} F.linear", lambda x=x, mod=mod: F.linear(x, mod.weight)
+        yield f"{prefix} {tag} module", lambda x=x, mod=mod: mod(x)
 
 
 def int8_cases(dev):
@@ -73,7 +83,7 @@ def main() -> int:
     args = ap.parse_args()
     only = [t for t in args.only.split(",") if t]
     dev = torch.device("cuda")
-    gens = {"rms": rms_cases, "rmsmod": rms_module_cases, "int8": int8_cases}
+    gens = {"rms": rms_cases, "rmsmod": rms_module_cases, "rmsbig": rms_big_cases, "int8": int8_cases}
     with torch.no_grad():
         i = 0
         for name in args.cases.split(","):

@@ -1,6 +1,7 @@
 """GPU probe: does an impl's place in the benchmark order change its time?
 
     python scripts/probe_bench_order.py OUTDIR
+    PROBE_ORDER_SHAPES=4096x4096x4096 PROBE_ORDER_DATA=suite,rows python scripts/probe_bench_order.py OUTDIR
 
 Session 23's suite run timed F.linear at B4096 D4096 N4096 at 200.8 us (first in the case's order, after the
 untimed warm-up and torch.compile had left the GPU idle), and session 24's probe, which interleaves rounds,
@@ -8,11 +9,18 @@ timed the same call at 216.9 us. For a few suite shapes this times F.linear, the
 way the suite did until 2026-12-02 (one after another, 100 ms each, after an idle pause), in the reverse order,
 and in interleaved rounds, and logs the GPU's temperature, SM clock and power after every timing. Same
 harness.time_ms and weight rotation as benchmarks/bench_rmsnorm.py. Prints a table last.
+
+PROBE_ORDER_SHAPES (MxDxN, comma-separated) picks shapes; PROBE_ORDER_DATA (comma-separated) the x of each pass:
+"suite" (randn, as benchmarks/bench_rmsnorm.py) and/or "rows" (randn * 2 + 0.3 with every 7th row x64, as
+scripts/rmsnorm_probe_cases.py), the two inputs under which session 27's probes timed the module at B4096 at
+1.008x F.linear (rows) against 1.06-1.09x in session 26's suites (suite). Session 25's run of this probe read
+the SM clock after the module's timings 15-45 MHz under F.linear's, all at the 700 W power limit.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -30,6 +38,9 @@ import fused_rmsnorm  # noqa: E402
 from benchmarks import harness  # noqa: E402
 
 SHAPES = [(4096, 4096, 4096), (1024, 2048, 2048), (16, 4096, 14336), (512, 4096, 4096)]
+if os.environ.get("PROBE_ORDER_SHAPES"):
+    SHAPES = [tuple(int(v) for v in t.split("x")) for t in os.environ["PROBE_ORDER_SHAPES"].split(",")]
+DATA = os.environ.get("PROBE_ORDER_DATA", "suite").split(",")
 IDLE_S = 5.0  # about what torch.compile of the pair leaves the GPU idle before the suite's first timing
 L2_BYTES = 60 * 2**20
 
@@ -43,9 +54,13 @@ def gpu_state() -> dict:
     return dict(zip(("temp_c", "sm_mhz", "power_w"), vals))
 
 
-def impls_for(M: int, D: int, N: int) -> dict:
+def impls_for(M: int, D: int, N: int, data: str) -> dict:
     dev, dt = torch.device("cuda"), torch.bfloat16
-    x = torch.randn(M, D, device=dev, dtype=dt)
+    if data == "rows":
+        x = (torch.randn(M, D, device=dev) * 2 + 0.3).to(dt)
+        x[::7] *= 64
+    else:
+        x = torch.randn(M, D, device=dev, dtype=dt)
     n_sets = max(2, min(8, -(-2 * L2_BYTES // (N * D * 2))))
     sets = []
     for _ in range(n_sets):
@@ -80,9 +95,9 @@ def main() -> int:
     res = {"env": harness.env_info(), "rows": []}
     names = ["F.linear", "unfused", "fused"]
     with torch.no_grad():
-        for M, D, N in SHAPES:
-            impls = impls_for(M, D, N)
-            row = {"M": M, "D": D, "N": N}
+        for (M, D, N), data in [(s, d) for s in SHAPES for d in DATA]:
+            impls = impls_for(M, D, N, data)
+            row = {"M": M, "D": D, "N": N, "data": data}
             for phase, order in (("sequential", names), ("reversed", names[::-1])):
                 time.sleep(IDLE_S)
                 row[phase] = [timed(impls, k, 100) for k in order]
@@ -104,7 +119,9 @@ def main() -> int:
         )
         ratio = " ".join(f"{p} {d['fused'] / d['F.linear']:.3f}" for p, d in (("seq", seq), ("rev", rev), ("int", med)))
         temps = [t["temp_c"] for t in row["sequential"] + row["interleaved"]]
-        shape = f"M{row['M']} D{row['D']} N{row['N']}"
+        mhz = {k: sorted(int(t["sm_mhz"]) for t in row["interleaved"] if t["impl"] == k) for k in names}
+        cells += " || MHz " + " ".join(f"{k} {v[0]}-{v[-1]}" for k, v in mhz.items() if v)
+        shape = f"M{row['M']} D{row['D']} N{row['N']} x {row['data']}"
         print(f"{shape}: {cells} || fused/F.linear {ratio} || temp {min(temps)}-{max(temps)}")
     return 0
 
