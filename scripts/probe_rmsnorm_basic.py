@@ -3,7 +3,7 @@ forced tile configs on the module path.
 
     python scripts/probe_rmsnorm_basic.py OUTDIR     (needs a build with FRMS_SM90_NUM_CONFIGS >= 15)
     PROBE_BASIC_SET=<set> python scripts/probe_rmsnorm_basic.py OUTDIR     (other shape sets, SETS below: wide, odd,
-    mid, mid2 .. mid5, llm, wave, big, big2)
+    mid, mid2 .. mid5, llm, wave, big, big2, big3)
 
 The shipped prefill configs are CUTLASS's persistent kernels: 384 threads x 168 registers, the whole register
 file. So under PDL a GEMM CTA starts on an SM only once the rstd CTA there retires, and the rstd kernel's
@@ -103,9 +103,11 @@ BIG = [(4096, d, n, (0, 5, {"config": 0, "swizzle": 2}, {"config": 0, "swizzle":
 C0S4 = {"config": 0, "swizzle": 4}
 BIG2 = [(m, 8192, 8192, (0, C0S4, C0S8)) for m in (3584, 4096, 4608)]
 BIG2 += [(4096, 4096, 14336, (0, C0S4)), (4096, 4096, 4096, (0, C0S4))]
+# the confirming run on the table that took it (M 3969..4096 at 8192^2): the shipped path against config 0 forced
+BIG3 = [(m, 8192, 8192, (0,)) for m in (4000, 4096)]
 SETS = {
     "suite": SHAPES, "wide": WIDE, "odd": ODD, "mid": MID, "mid2": MID2, "mid3": MID3, "mid4": MID4, "mid5": MID5,
-    "llm": LLM, "wave": WAVE, "big": BIG, "big2": BIG2,
+    "llm": LLM, "wave": WAVE, "big": BIG, "big2": BIG2, "big3": BIG3,
 }  # fmt: skip
 ALONE = (0, 1, 12)  # GEMM alone on a precomputed rstd (no PDL), where the shape's forced list has them
 ROUNDS = 3

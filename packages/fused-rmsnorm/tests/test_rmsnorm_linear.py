@@ -191,6 +191,9 @@ def test_plan_sm90():
     # 8192^2: stream-K (config 6) at the row-tile counts it won at (5, 7 and 9 tiles of 128 rows)
     ms = (512, 513, 640, 641, 768, 769, 896, 897, 1024, 1025, 1152, 1153)
     assert [plan("sm90", m, 8192, 8192, has_gemm=True)["config"] for m in ms] == [1, 6, 6, 1, 1, 6, 6, 1, 0, 6, 6, 1]
+    # (session 27) config 0 with swizzle 4 on the 32 x 32 grid of 128x256 tiles only (it lost at M3584 and M4608)
+    got = [plan("sm90", m, 8192, 8192, has_gemm=True) for m in (3968, 3969, 4000, 4096, 4097)]
+    assert [(p["config"], p.get("swizzle", 1)) for p in got] == [(0, 1), (0, 4), (0, 4), (0, 4), (1, 1)], got
     # the MN rule's rows: config 0, or config 1 where the rounds model (WAVE_C1) says so
     for (M, N, K), c in {(1536, 6144, 4096): 1, (2304, 6144, 4096): 1, (1536, 28672, 4096): 0, (2304, 10240, 8192): 0,
                          (1280, 8192, 8192): 1, (1536, 8192, 8192): 0, (4096, 14336, 4096): 0}.items():  # fmt: skip
