@@ -12,9 +12,9 @@ harness.time_ms and weight rotation as benchmarks/bench_rmsnorm.py. Prints a tab
 
 PROBE_ORDER_SHAPES (MxDxN, comma-separated) picks shapes; PROBE_ORDER_DATA (comma-separated) the x of each pass:
 "suite" (randn, as benchmarks/bench_rmsnorm.py) and/or "rows" (randn * 2 + 0.3 with every 7th row x64, as
-scripts/rmsnorm_probe_cases.py), the two inputs under which session 27's probes timed the module at B4096 at
-1.008x F.linear (rows) against 1.06-1.09x in session 26's suites (suite). Session 25's run of this probe read
-the SM clock after the module's timings 15-45 MHz under F.linear's, all at the 700 W power limit.
+scripts/rmsnorm_probe_cases.py). Session 27 (B4096, one run): module / F.linear 1.054x on the suite's x and
+1.027x on the probes' x, where F.linear itself was 4% slower; the clock samples (one nvidia-smi read after each
+timing, every impl at the 700 W limit) did not separate the impls.
 """
 
 from __future__ import annotations
