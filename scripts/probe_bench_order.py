@@ -12,7 +12,7 @@ harness.time_ms and weight rotation as benchmarks/bench_rmsnorm.py. Prints a tab
 
 PROBE_ORDER_SHAPES (MxDxN, comma-separated) picks shapes; PROBE_ORDER_DATA (comma-separated) the x of each pass:
 "suite" (randn, as benchmarks/bench_rmsnorm.py) and/or "rows" (randn * 2 + 0.3 with every 7th row x64, as
-scripts/rmsnorm_probe_cases.py). Session 27 (B4096, one run): module / F.linear 1.054x on the suite's x and
+scripts/rmsnorm_probe_cases.py row_scaled_x). Session 27 (B4096, one run): module / F.linear 1.054x on the suite's x and
 1.027x on the probes' x, where F.linear itself was 4% slower; the clock samples (one nvidia-smi read after each
 timing, every impl at the 700 W limit) did not separate the impls.
 """
@@ -31,9 +31,11 @@ import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 sys.path += [str(d) for d in sorted((REPO / "packages").glob("*/src"))]
 
 import fused_rmsnorm  # noqa: E402
+from rmsnorm_probe_cases import row_scaled_x  # noqa: E402
 
 from benchmarks import harness  # noqa: E402
 
@@ -56,11 +58,7 @@ def gpu_state() -> dict:
 
 def impls_for(M: int, D: int, N: int, data: str) -> dict:
     dev, dt = torch.device("cuda"), torch.bfloat16
-    if data == "rows":
-        x = (torch.randn(M, D, device=dev) * 2 + 0.3).to(dt)
-        x[::7] *= 64
-    else:
-        x = torch.randn(M, D, device=dev, dtype=dt)
+    x = row_scaled_x(M, D, dev) if data == "rows" else torch.randn(M, D, device=dev, dtype=dt)
     n_sets = max(2, min(8, -(-2 * L2_BYTES // (N * D * 2))))
     sets = []
     for _ in range(n_sets):

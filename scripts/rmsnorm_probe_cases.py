@@ -12,14 +12,20 @@ L2_BYTES = 60 * 2**20  # H200 L2, rounded up: weight copies rotate past it
 EPS = 1e-6
 
 
+def row_scaled_x(M: int, D: int, dev, generator=None) -> torch.Tensor:
+    """The probes' bf16 x: randn * 2 + 0.3, every 7th row x64 (rows far apart in scale, so a row-scale bug shows)."""
+    x = (torch.randn(M, D, device=dev, generator=generator) * 2 + 0.3).bfloat16()
+    x[::7] *= 64
+    return x
+
+
 def module_copies(M: int, D: int, N: int, dev, l2_bytes: int) -> tuple[torch.Tensor, list]:
     """(x, modules): bf16 x with rows far apart in scale (a row-scale bug shows) and enough
     FusedRMSNormLinear copies with distinct weights that rotating through them keeps W out of L2."""
     from fused_rmsnorm import FusedRMSNormLinear
 
     gen = torch.Generator(device=dev).manual_seed(M + D + N)
-    x = (torch.randn(M, D, device=dev, generator=gen) * 2 + 0.3).bfloat16()
-    x[::7] *= 64
+    x = row_scaled_x(M, D, dev, gen)
     mod = FusedRMSNormLinear(D, N, device=dev, dtype=torch.bfloat16)
     mod.norm_weight.uniform_(0.5, 1.5, generator=gen)
     mod.weight.normal_(0.0, D**-0.5, generator=gen)
