@@ -316,6 +316,27 @@ def test_plan_decode_mma_wload_key(monkeypatch):
             op.mma_variant_args(bad)
 
 
+def test_plan_stream_entry_and_fallbacks(monkeypatch):
+    """A "stream" entry (decode on the folded W' only): kept for a module call of <= 16 tokens; a functional
+    call takes the entry's "fn" config, or decode_mma's default without one; > 16 tokens decode_mma; no
+    tensor-core kernels the CUDA-core decode kernel. Its (bn, stages) must be a compiled pair."""
+    from fused_rmsnorm.ops import rmsnorm_linear as op
+
+    entry = {"path": "stream", "bn": 64, "stages": 6}
+    monkeypatch.setattr(op._TUNING, "lookup", lambda *a, **k: dict(entry))
+    p = plan("sm90", 16, 14336, 4096, has_gemm=True)
+    assert p == {"path": "stream", "bn": 64, "stages": 6} and op.stream_args(p) == (64, 6)
+    assert plan("sm90", 16, 14336, 4096, has_gemm=True, folded=False) == {"path": "decode_mma", "wn": 0, "ksplit": 0}
+    assert plan("sm90", 17, 14336, 4096, has_gemm=True)["path"] == "decode_mma"
+    assert plan("sm90", 8, 14336, 4096, has_gemm=True, has_mma=False)["path"] == "decode"
+    entry["fn"] = {"path": "decode_mma", "wn": 8, "ksplit": 2, "wload": 1}
+    assert plan("sm90", 16, 14336, 4096, has_gemm=True, folded=False)["wn"] == 8
+    assert op.stream_args({"path": "stream"}) == op.STREAM_VARIANTS[0]
+    for bad in ({"bn": 96}, {"bn": 128, "stages": 6}, {"stages": True}):
+        with pytest.raises(ValueError, match="stream config"):
+            op.stream_args(bad)
+
+
 def test_plan_decode_mma_fallbacks():
     # a binary / GPU without the tensor-core kernel runs the CUDA-core decode kernel instead
     assert plan("sm90", 8, 4096, 4096, has_gemm=True, has_mma=False)["path"] == "decode"
@@ -650,6 +671,66 @@ def test_gpu_decode_mma_variant_rejected_for_large_m():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 5, 16])
+@pytest.mark.parametrize("D", [136, 2056, 4104])
+def test_gpu_stream_vs_fp32(M, D, dtype, monkeypatch):
+    """The "stream" decode kernel, every (bn, stages) variant: K off the 128-wide k-block (D136: 2 blocks, fewer
+    than the ring's stages; D2056 / 4104: a partial last block), N off the row tile (1000), x rows with a
+    padded stride and 100x apart in scale (an rstd given to the wrong token cannot pass), with and without
+    bias, on an allocator poisoned with NaN, and a CUDA-graph replay. Functional calls must not take it."""
+    from fused_rmsnorm.ops import rmsnorm_linear as op
+
+    ext = backend.get_ext(torch.device("cuda"))
+    if ext.kind == "torch" or not ext.has_decode_mma:
+        pytest.skip("no tensor-core decode kernels in this binary")
+    N = 1000
+    x, g, w, b = _gpu_case(M, D + 24, N, dtype, bias=True, seed=11 * M + D)
+    x = (x.float() * torch.logspace(-1, 1, M, device="cuda")[:, None]).to(dtype)[:, :D]  # row stride D + 24
+    g, w = g[:D].contiguous(), w[:, :D].contiguous()
+    wf = fold_weight(g, w)
+    for variant in op.STREAM_VARIANTS:
+        cfg = {"path": "stream", "bn": variant[0], "stages": variant[1]}
+        monkeypatch.setattr(op._TUNING, "lookup", lambda *a, c=cfg, **k: dict(c))
+        for bias in (None, b):
+            ref = _ref32(x, g, w, bias, 1e-6).double()
+            junk = torch.full((M * N * 4,), float("nan"), device="cuda", dtype=dtype)
+            del junk
+            y = op.fused_rmsnorm_linear_folded(x, g, w, wf, bias)
+            torch.cuda.synchronize()
+            errs = (y.double() - ref).norm(dim=1) / ref.norm(dim=1)
+            assert y.shape == (M, N) and torch.isfinite(y).all() and errs.max() <= 1e-2, (variant, errs.max())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            yg = op.fused_rmsnorm_linear_folded(x, g, w, wf, b)
+        yg.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.isfinite(yg).all() and rel_err(yg, _ref32(x, g, w, b, 1e-6).double()) <= 1e-2, variant
+    assert op.plan("sm90", M, N, D, has_gemm=True, folded=False)["path"] != "stream"
+
+
+@pytest.mark.gpu
+def test_gpu_stream_rejects_bad_args():
+    """The launcher's own checks (the Python side never passes these): more than 16 tokens, K not a multiple
+    of 8, a misaligned x, an unknown (bn, stages)."""
+    m = backend.get_ext(torch.device("cuda")).module
+    if m is None or not m.has_decode_mma():
+        pytest.skip("no tensor-core decode kernels in this binary")
+    x = torch.randn(17, 264, device="cuda").bfloat16()
+    w = torch.randn(64, 264, device="cuda").bfloat16()
+    y = torch.empty(17, 64, device="cuda").bfloat16()
+    s = torch.cuda.current_stream().cuda_stream
+    ok = dict(dtype=1, x=x.data_ptr(), ldx=264, w=w.data_ptr(), ldw=264, bias=0, y=y.data_ptr(), ldy=64, M=16, N=64,
+              K=264, eps=1e-6, bn=128, stages=4, stream=s)  # fmt: skip
+    m.decode_stream(**ok)
+    torch.cuda.synchronize()
+    for bad in ({"M": 17}, {"K": 260}, {"x": x.data_ptr() + 2}, {"bn": 64, "stages": 3}, {"eps": 0.0}):
+        with pytest.raises(RuntimeError, match="unsupported arguments"):
+            m.decode_stream(**{**ok, **bad})
+
+
+@pytest.mark.gpu
 def test_gpu_output_fully_written():
     # the output is allocated with torch.empty: fill the caching allocator with NaN first so an
     # unwritten element would show up
@@ -695,6 +776,9 @@ def test_gpu_compute_sanitizer_memcheck(tmp_path):
         "    w = torch.randn(136, D, device='cuda').half(); b = torch.randn(136, device='cuda').half()\n"
         "    y = fused_rmsnorm_linear(x, g, w, b)\n"
         "import fused_rmsnorm.ops.rmsnorm_linear as op\n"
+        "for bn, st in op.STREAM_VARIANTS:  # the stream decode kernel: N = 136, a partial row tile\n"
+        "    op.plan = lambda *a, v=(bn, st), **k: {'path': 'stream', 'bn': v[0], 'stages': v[1]}\n"
+        "    y = op.fused_rmsnorm_linear_folded(x[:3], g, w, op.fold_weight(g, w), b)\n"
         "for c, M in ((7, 5), (8, 17), (11, 5), (11, 16), (1, 300), (4, 300), (12, 300), (14, 300)):\n"
         "    # swap-AB decode configs, prefill ones with a partial row tile; N = 136: a partial W tile\n"
         "    op.plan = lambda *a, c=c, **k: {'path': 'gemm', 'config': c, 'pdl': True}\n"

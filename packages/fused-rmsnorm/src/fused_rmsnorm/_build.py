@@ -10,9 +10,9 @@ Deliberately free of torch imports: the build hook runs it in a bare build envir
 
 Translation units (each one nvcc process, run in parallel up to os.cpu_count()):
 * ``decode.cu``, ``rstd.cu``: every arch in the list (plain CUDA, sm_70+), plus PTX of the newest;
-* ``decode_mma.cu``: the tensor-core decode kernel (mma.sync bf16 needs sm_80): every arch >= 8.0
-  in the list plus PTX of the newest; skipped (binding reports ``has_decode_mma() == False``) when
-  the list has none;
+* ``decode_mma.cu``, ``decode_stream.cu``: the tensor-core decode kernels (mma.sync bf16 needs sm_80):
+  every arch >= 8.0 in the list plus PTX of the newest; skipped (binding reports ``has_decode_mma() ==
+  False``) when the list has none;
 * ``gemm_sm80.cu``: CUTLASS 2.x, compiled for sm_80 only when any 8.x arch is requested (the sm_80
   cubin runs on sm_86 / sm_89);
 * ``gemm_sm90.cu`` x 15 tile configs (one unit each): CUTLASS 3.x, ``sm_90a`` only (plain sm_90 builds stubs);
@@ -218,6 +218,7 @@ def plan(archs: list[str], *, nvcc: str, light: bool = False, use_cutlass: bool 
     units = [Unit("decode", CSRC / "decode.cu", plain), Unit("rstd", CSRC / "rstd.cu", plain)]
     if mma_archs:
         units.append(Unit("decode_mma", CSRC / "decode_mma.cu", mma))
+        units.append(Unit("decode_stream", CSRC / "decode_stream.cu", mma))
     cut = [f"-I{cutlass}"] if cutlass else []
     if have_sm80:
         sm80 = ["-gencode=arch=compute_80,code=sm_80", *cut] + (["-DFRMS_SM80_LIGHT"] if light else [])

@@ -93,13 +93,13 @@ def wave_prefers_128x128(M: int, N: int, sms: int) -> bool:
 def plan(
     arch: str, M: int, N: int, K: int, *, has_gemm: bool, has_mma: bool = True, folded: bool = True, sms: int = 132
 ) -> dict:
-    """Kernel choice for one call: {"path": "decode_mma"|"decode"|"gemm"|"torch_gemm", ...}.
+    """Kernel choice for one call: {"path": "stream"|"decode_mma"|"decode"|"gemm"|"torch_gemm", ...}.
 
-    ``has_mma``: the binary has the tensor-core decode kernel and the GPU is sm_80+; without it a
-    decode_mma entry runs the CUDA-core decode kernel instead. ``folded``: the call has the modules'
+    ``has_mma``: the binary has the tensor-core decode kernels and the GPU is sm_80+; without it a
+    decode_mma or stream entry runs the CUDA-core decode kernel instead. ``folded``: the call has the modules'
     W' = W * g; without it (a functional call) an entry's optional "fn" config replaces it (the GEMM
-    configs then pay a per-call x * g, which decode_mma does not). ``sms``: the GPU's SM count (the
-    WAVE_C1 key, wave_prefers_128x128).
+    configs then pay a per-call x * g, which decode_mma does not; "stream" reads W' only, so without "fn"
+    it becomes decode_mma's default). ``sms``: the GPU's SM count (the WAVE_C1 key, wave_prefers_128x128).
     """
     # T128: tiles of a 128 x 128 output grid, so an entry can ask for about one wave of such tiles
     wave = int(wave_prefers_128x128(M, N, sms)) if M * N >= 2**23 else 0  # only the MN rule's rows ask
@@ -108,6 +108,10 @@ def plan(
     if fn is not None and not folded:
         cfg = dict(fn)
     path = cfg.get("path", "gemm")
+    if path == "stream" and (not folded or M > STREAM_MAX_M):
+        cfg, path = {"wn": 0, "ksplit": 0}, "decode_mma"
+    if path == "stream" and not has_mma:
+        cfg, path = {}, "decode"
     if path == "decode_mma" and not has_mma:
         path = "decode"
     if path == "gemm" and not has_gemm:
@@ -126,6 +130,20 @@ def plan(
 
 
 MMA_VARIANT_MAX_M = 16
+# "stream" (csrc/decode_stream.cu): decode on the modules' W' only, one 16-token tile; "bn" W' rows per CTA and
+# "stages" of the cp.async ring, the compiled pairs below (default the first)
+STREAM_MAX_M = 16
+STREAM_VARIANTS = ((128, 4), (128, 3), (64, 4), (64, 6))
+
+
+def stream_args(cfg: dict) -> tuple[int, int]:
+    """(bn, stages) of a "stream" entry: optional keys "bn" and "stages", one of STREAM_VARIANTS."""
+    v = (cfg.get("bn", STREAM_VARIANTS[0][0]), cfg.get("stages", STREAM_VARIANTS[0][1]))
+    if any(isinstance(e, bool) for e in v) or v not in STREAM_VARIANTS:
+        raise ValueError(f"stream config (bn, stages) must be one of {STREAM_VARIANTS}, got {v!r}")
+    return int(v[0]), int(v[1])
+
+
 # SM90 prefill with a PDL GEMM whose persistent grid leaves SMs idle (e.g. 128 output tiles on 132 SMs):
 # rstd runs as that many 32-warp CTAs on those SMs (csrc/rstd.cu rstd_side_kernel) instead of 8-warp
 # CTAs on nearly every SM, which a GEMM CTA cannot share and so has to wait out. H200, one run
@@ -374,6 +392,14 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
     b = _vec(bias)
     bptr = b.data_ptr() if b is not None else 0
     mod = ext.module
+    if p["path"] == "stream":  # plan() gives it only a folded call (w_folded set)
+        bn, stages = stream_args(p)
+        w2 = _as_2d_rows(w_folded, "w_folded")
+        mod.decode_stream(
+            dt, x2.data_ptr(), _ld(x2), w2.data_ptr(), _ld(w2), bptr, out.data_ptr(), out.stride(0), M, N, D,
+            float(eps), bn, stages, stream,
+        )  # fmt: skip
+        return out.reshape(*lead, N)
     if p["path"] == "decode_mma":
         if _ld(x2) * 32 >= 2**31:  # the kernel addresses 32 rows of x with 32-bit offsets
             x2 = x2.contiguous()

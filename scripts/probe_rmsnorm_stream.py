@@ -1,0 +1,72 @@
+"""GPU probe: the cp.async-ring decode kernel (path "stream", csrc/decode_stream.cu) against the table's decode
+choice and F.linear, module path.
+
+    python scripts/probe_rmsnorm_stream.py OUTDIR
+
+Session 28's Triton prototype of this kernel (scripts/probe_gemv_stream.py) took 30.15 us at B16 D4096 N14336
+against F.linear's 30.60 and the shipped config 11's 31.48. This times the CUDA C++ kernel's (bn, stages)
+variants at the decode shapes of the suite and its neighbours, after a check against the fp32 reference (rows
+far apart in scale), in interleaved rounds (CUDA graphs, weight sets rotated out of L2). Prints a table last.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path += [str(d) for d in sorted((REPO / "packages").glob("*/src"))]  # a PYTHONPATH probe build wins
+
+from fused_rmsnorm.ops import rmsnorm_linear as op  # noqa: E402
+from rmsnorm_probe_cases import EPS, L2_BYTES, checked_row, finish, flagged_call, module_copies, start  # noqa: E402
+
+SHAPES = [(m, d, n) for d, n in ((4096, 14336), (4096, 4096), (8192, 8192)) for m in (1, 8, 16)]
+SHAPES += [(16, 5120, 5120), (16, 2048, 2048), (5, 4096, 14336)]
+ROUNDS = 5
+_plan = op.plan
+FORCE: list = [None]
+
+
+def forced_plan(arch, M, N, K, **kw):
+    if FORCE[0] is None:
+        return _plan(arch, M, N, K, **kw)
+    bn, stages = FORCE[0]
+    return {"path": "stream", "bn": bn, "stages": stages}
+
+
+op.plan = forced_plan
+
+
+def measure(M: int, D: int, N: int, dev) -> dict:
+    x, mods = module_copies(M, D, N, dev, L2_BYTES)
+    fns = {
+        "F.linear": [lambda m=m: F.linear(x, m.weight) for m in mods],
+        "table": [flagged_call(m, x, FORCE, None, None) for m in mods],
+    }
+    for v in op.STREAM_VARIANTS:
+        fns[f"stream {v[0]}x{v[1]}"] = [flagged_call(m, x, FORCE, v, None) for m in mods]
+    outs = {k: v[0]().clone() for k, v in fns.items()}
+    torch.cuda.synchronize()
+    xf = x.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(-1) + EPS)
+    ref = (xf * rstd[:, None] * mods[0].norm_weight.float()) @ mods[0].weight.float().t()
+    plan = _plan(op.arch_key(dev), M, N, D, has_gemm=True, folded=True, sms=op.num_sms(dev))
+    return checked_row(M, D, N, plan, fns, outs, ref, ROUNDS, {})
+
+
+def main() -> int:
+    out_dir, dev, ext, res = start(__doc__)
+    with torch.no_grad():
+        res["rows"] = [measure(M, D, N, dev) for M, D, N in SHAPES]
+    return finish(
+        out_dir, "probe_rmsnorm_stream", res, tag=lambda r: f"{r['plan'].get('path')} {r['plan'].get('config', '')}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
