@@ -11,6 +11,7 @@ far apart in scale), in interleaved rounds (CUDA graphs, weight sets rotated out
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from rmsnorm_probe_cases import EPS, L2_BYTES, checked_row, finish, flagged_call
 
 SHAPES = [(m, d, n) for d, n in ((4096, 14336), (4096, 4096), (8192, 8192)) for m in (1, 8, 16)]
 SHAPES += [(16, 5120, 5120), (16, 2048, 2048), (5, 4096, 14336)]
+if os.environ.get("PROBE_SHAPES"):  # e.g. "1x4096x14336,16x5120x5120" (M x D x N): a confirming run
+    SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["PROBE_SHAPES"].split(",")]
 ROUNDS = 5
 _plan = op.plan
 FORCE: list = [None]

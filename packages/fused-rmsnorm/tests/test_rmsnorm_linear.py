@@ -161,15 +161,25 @@ def test_plan_sm90():
     for M, N in ((1, 4096), (8, 4096)):
         p = plan("sm90", M, N, 4096, has_gemm=True)
         assert p["path"] == "decode_mma" and p["wn"] == 0 and p["ksplit"] == 0, (M, p)
-    # session 11: swap-AB 64x16 tiles; session 12: at N14336 the same tile computing rstd itself
-    for M, N, K, cfg in ((16, 14336, 4096, 11), (2, 14336, 4096, 11), (1, 14336, 4096, 11), (9, 8192, 8192, 7)):
-        p = plan("sm90", M, N, K, has_gemm=True)
-        assert p["path"] == "gemm" and p["config"] == cfg, (M, p)
-        # session 26: config 11's 224 W tiles at N14336 run two per CTA on 112 CTAs
-        assert p.get("ctas", 0) == (112 if cfg == 11 else 0), (M, p)
-        # functional calls (no folded W') keep the decode kernel there: the GEMM would pay a per-call x * g
+    # session 12: at N14336 9..16 tokens take the swap-AB 64x16 tile computing rstd itself, on 112 CTAs (session
+    # 26: its 224 W tiles two per CTA); session 29: the cp.async-ring "stream" kernel at 1..8 tokens of N14336 and
+    # 1..16 of 8192^2 and 5120^2
+    cases = {(16, 14336, 4096): {"path": "gemm", "config": 11, "pdl": True, "ctas": 112},
+             (9, 14336, 4096): {"path": "gemm", "config": 11, "pdl": True, "ctas": 112},
+             (8, 14336, 4096): {"path": "stream", "bn": 128, "stages": 4},
+             (1, 14336, 4096): {"path": "stream", "bn": 128, "stages": 4},
+             (1, 8192, 8192): {"path": "stream", "bn": 64, "stages": 6},
+             (16, 8192, 8192): {"path": "stream", "bn": 64, "stages": 6},
+             (16, 5120, 5120): {"path": "stream", "bn": 64, "stages": 6}}  # fmt: skip
+    for (M, N, K), want in cases.items():
+        assert plan("sm90", M, N, K, has_gemm=True) == want, (M, N, K)
+        # functional calls (no folded W') keep the decode kernel there: the GEMM would pay a per-call x * g, and
+        # the stream kernel reads W' only
         p = plan("sm90", M, N, K, has_gemm=True, folded=False)
         assert p["path"] == "decode_mma" and "fn" not in p, (M, p)
+        # a binary without the tensor-core decode kernels runs the CUDA-core GEMV for a stream entry
+        if want["path"] == "stream":
+            assert plan("sm90", M, N, K, has_gemm=True, has_mma=False)["path"] == "decode", (M, N, K)
     for M, N in ((17, 4096), (32, 14336)):  # swap-AB 64x32 tiles up to 32 tokens
         p = plan("sm90", M, N, 4096, has_gemm=True)
         assert p["path"] == "gemm" and p["config"] == 8, (M, p)
