@@ -7,6 +7,10 @@ Session 28's Triton prototype of this kernel (scripts/probe_gemv_stream.py) took
 against F.linear's 30.60 and the shipped config 11's 31.48. This times the CUDA C++ kernel's (bn, stages)
 variants at the decode shapes of the suite and its neighbours, after a check against the fp32 reference (rows
 far apart in scale), in interleaved rounds (CUDA graphs, weight sets rotated out of L2). Prints a table last.
+
+Session 30 added the sm_90a twin (wgmma from shared memory, what the Triton prototype compiles to) and the
+flags (k-block rotation per CTA, W' evict_first, the proxy fence): VARIANTS names each forced entry;
+PROBE_VARIANTS="name,name" picks some.
 """
 
 from __future__ import annotations
@@ -26,20 +30,30 @@ sys.path += [str(d) for d in sorted((REPO / "packages").glob("*/src"))]  # a PYT
 from fused_rmsnorm.ops import rmsnorm_linear as op  # noqa: E402
 from rmsnorm_probe_cases import EPS, L2_BYTES, checked_row, finish, flagged_call, module_copies, start  # noqa: E402
 
-SHAPES = [(m, d, n) for d, n in ((4096, 14336), (4096, 4096), (8192, 8192)) for m in (1, 8, 16)]
-SHAPES += [(16, 5120, 5120), (16, 2048, 2048), (5, 4096, 14336)]
+SHAPES = [(m, 4096, 14336) for m in (1, 8, 16)] + [(16, 8192, 8192), (1, 5120, 5120), (16, 5120, 5120)]
+SHAPES += [(16, 4096, 4096)]
 if os.environ.get("PROBE_SHAPES"):  # e.g. "1x4096x14336,16x5120x5120" (M x D x N): a confirming run
     SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["PROBE_SHAPES"].split(",")]
 ROUNDS = 5
 _plan = op.plan
 FORCE: list = [None]
+_WG = {"wgmma": True}
+VARIANTS = {f"sync {bn}x{st}": {"bn": bn, "stages": st} for bn, st in ((128, 4), (64, 6))}
+VARIANTS["sync 128x4 rot"] = {"bn": 128, "stages": 4, "rotate": True}
+VARIANTS["sync 128x4 rot ef"] = {"bn": 128, "stages": 4, "rotate": True, "evict_first": True}
+VARIANTS.update({f"wg {bn}x{st}": {**_WG, "bn": bn, "stages": st} for bn, st in op.STREAM_WG_VARIANTS})
+VARIANTS["wg 128x4 rot"] = {**_WG, "bn": 128, "stages": 4, "rotate": True}
+VARIANTS["wg 128x4 ef"] = {**_WG, "bn": 128, "stages": 4, "evict_first": True}
+VARIANTS["wg 128x4 fence"] = {**_WG, "bn": 128, "stages": 4, "proxy_fence": True}
+VARIANTS["wg 64x6 rot"] = {**_WG, "bn": 64, "stages": 6, "rotate": True}
+if os.environ.get("PROBE_VARIANTS"):
+    VARIANTS = {k: VARIANTS[k] for k in os.environ["PROBE_VARIANTS"].split(",")}
 
 
 def forced_plan(arch, M, N, K, **kw):
     if FORCE[0] is None:
         return _plan(arch, M, N, K, **kw)
-    bn, stages = FORCE[0]
-    return {"path": "stream", "bn": bn, "stages": stages}
+    return {"path": "stream", **FORCE[0]}
 
 
 op.plan = forced_plan
@@ -51,15 +65,25 @@ def measure(M: int, D: int, N: int, dev) -> dict:
         "F.linear": [lambda m=m: F.linear(x, m.weight) for m in mods],
         "table": [flagged_call(m, x, FORCE, None, None) for m in mods],
     }
-    for v in op.STREAM_VARIANTS:
-        fns[f"stream {v[0]}x{v[1]}"] = [flagged_call(m, x, FORCE, v, None) for m in mods]
+    for name, v in VARIANTS.items():
+        fns[name] = [flagged_call(m, x, FORCE, v, None) for m in mods]
     outs = {k: v[0]().clone() for k, v in fns.items()}
     torch.cuda.synchronize()
     xf = x.float()
     rstd = torch.rsqrt(xf.pow(2).mean(-1) + EPS)
     ref = (xf * rstd[:, None] * mods[0].norm_weight.float()) @ mods[0].weight.float().t()
     plan = _plan(op.arch_key(dev), M, N, D, has_gemm=True, folded=True, sms=op.num_sms(dev))
-    return checked_row(M, D, N, plan, fns, outs, ref, ROUNDS, {})
+    bad = {}
+    for k in list(outs):  # a wrong variant is reported and left out, so the others still get timed
+        e = ((outs[k].float() - ref).norm() / ref.norm()).item()
+        if k != "F.linear" and not e <= 1e-2:
+            bad[k] = e
+            del outs[k], fns[k]
+    if bad:
+        print(f"M{M} D{D} N{N} WRONG (left out): {bad}", flush=True)
+    row = checked_row(M, D, N, plan, fns, outs, ref, ROUNDS, {})
+    row["wrong"] = bad
+    return row
 
 
 def main() -> int:

@@ -208,6 +208,7 @@ def plan(archs: list[str], *, nvcc: str, light: bool = False, use_cutlass: bool 
     mma_archs = [a for a in archs if _major(a) >= 8]
     if light and len(mma_archs) > 2:  # both sides of the kernel's sm_90 (cluster) #if
         mma_archs = [mma_archs[0], mma_archs[-1]]
+    wgmma = any(_num(a) == "90a" for a in mma_archs)  # decode_stream's wgmma kernel: an sm_90a cubin
     mma = [f"-gencode=arch=compute_{_num(a)},code=sm_{_num(a)}" for a in mma_archs]
     if mma_archs:
         mma.append(f"-gencode=arch=compute_{n_newest},code=compute_{n_newest}")
@@ -218,7 +219,7 @@ def plan(archs: list[str], *, nvcc: str, light: bool = False, use_cutlass: bool 
     units = [Unit("decode", CSRC / "decode.cu", plain), Unit("rstd", CSRC / "rstd.cu", plain)]
     if mma_archs:
         units.append(Unit("decode_mma", CSRC / "decode_mma.cu", mma))
-        units.append(Unit("decode_stream", CSRC / "decode_stream.cu", mma))
+        units.append(Unit("decode_stream", CSRC / "decode_stream.cu", [*mma, f"-DFRMS_STREAM_WGMMA={int(wgmma)}"]))
     cut = [f"-I{cutlass}"] if cutlass else []
     if have_sm80:
         sm80 = ["-gencode=arch=compute_80,code=sm_80", *cut] + (["-DFRMS_SM80_LIGHT"] if light else [])
@@ -246,6 +247,7 @@ def plan(archs: list[str], *, nvcc: str, light: bool = False, use_cutlass: bool 
                 f"-DFRMS_HAVE_SM80={int(have_sm80)}",
                 f"-DFRMS_HAVE_SM90={int(have_sm90)}",
                 f"-DFRMS_HAVE_MMA={int(bool(mma_archs))}",
+                f"-DFRMS_STREAM_WGMMA={int(wgmma)}",
                 *light_mma,
                 f'-DFRMS_ARCHS="{arch_str}"',
                 "-Xcompiler=-fvisibility=hidden",

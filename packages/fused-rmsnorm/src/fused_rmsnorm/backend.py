@@ -55,6 +55,11 @@ class Ext:
         # getattr: a JIT cache or AOT module built before the tensor-core decode kernel existed
         return self.module is not None and bool(getattr(self.module, "has_decode_mma", lambda: False)())
 
+    @property
+    def has_stream_wgmma(self) -> bool:
+        # the stream decode kernel's sm_90a (wgmma) twin is in the binary (session 30+ builds with 9.0a)
+        return self.module is not None and bool(getattr(self.module, "has_stream_wgmma", lambda: False)())
+
 
 def forced_backend() -> str:
     v = os.environ.get("FUSED_RMSNORM_BACKEND", "auto").strip().lower() or "auto"
@@ -188,6 +193,7 @@ def backend_info(resolve: bool = False) -> dict[str, Any]:
             "archs": list(mod.compiled_archs()),
             "sm90_gemm": bool(mod.has_sm90_gemm()),
             "sm80_gemm": bool(mod.has_sm80_gemm()),
+            "stream_wgmma": bool(getattr(mod, "has_stream_wgmma", lambda: False)()),
             "cuda_version": int(mod.cuda_version()),
         }
     except ImportError as e:

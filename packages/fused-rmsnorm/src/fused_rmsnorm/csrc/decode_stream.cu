@@ -9,11 +9,27 @@
 // weight with one such program per 64 rows split twice along K ran at 28.75 us
 // (scripts/probe_read_layout.py). The rows of a stage are 256 B; the 16-byte chunks of a row are XOR-swizzled
 // by the row index so ldmatrix's 8-row phases hit 8 different bank groups.
+//
+// sm_90a twin (stream_wg_kernel, "wgmma" in the tuning entry, since session 30): the same ring and loads, but the
+// 4 warps issue wgmma.m64n16k16 as one warpgroup straight from shared memory (no ldmatrix, no per-warp MMA
+// fragments), one k-block's group kept in flight while the next one's loads are issued. That is what the Triton
+// prototype above compiles to (its PTX: cp.async.cg ring, 16 x wgmma m64n16k16 per 128-wide k-block, 128-byte
+// swizzled tiles). Tiles there are stored as the two 64-wide k halves of a block, each [rows][128 B] with the
+// 16-byte chunks XOR-swizzled by row % 8: wgmma's canonical K-major SWIZZLE_128B layout.
+//
+// flags (both kernels): bit 0 rotates each CTA's k-block order by its index, so the CTAs do not all read the same
+// x block from L2 at once; bit 1 loads W' with an L2 evict_first policy (read once, keep x and y resident).
 #include "frms.h"
 #include "mma.cuh"
 #include "vec.cuh"
 
 #include <cuda_runtime.h>
+
+#include <type_traits>
+
+#ifndef FRMS_STREAM_WGMMA
+#define FRMS_STREAM_WGMMA 0  // set by the build when this unit has an sm_90a cubin
+#endif
 
 namespace {
 using frms::mma16816;
@@ -33,7 +49,12 @@ struct Params {
   int64_t ldy;
   int64_t M, N, K;
   float eps;
+  int flags;
 };
+
+constexpr int kRotate = 1;      // flags bit 0: k-block order rotated by blockIdx.x
+constexpr int kEvictFirst = 2;  // flags bit 1: W' with an L2 evict_first policy
+constexpr int kProxyFence = 4;  // flags bit 2 (wgmma kernel): fence.proxy.async between the ring and wgmma
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -42,6 +63,24 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 // 16 bytes global -> shared, bypassing L1; src_bytes 0 fills zeros (rows / tokens / k past the end)
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async16_hint(uint32_t dst, const void* src, int src_bytes, uint64_t pol) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst), "l"(src),
+               "r"(src_bytes), "l"(pol)
+               : "memory");
+}
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+// W' chunk load: plain, or with the evict_first policy
+template <bool kEF>
+__device__ __forceinline__ void cp_async_w(uint32_t dst, const void* src, int src_bytes, uint64_t pol) {
+  if constexpr (kEF)
+    cp_async16_hint(dst, src, src_bytes, pol);
+  else
+    cp_async16(dst, src, src_bytes);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
@@ -76,17 +115,27 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(Params p) {
   const uint32_t s0 = smem_u32(smem);
   const T* __restrict__ w = static_cast<const T*>(p.w);
   const T* __restrict__ x = static_cast<const T*>(p.x);
+  const int kt_rot = (p.flags & kRotate) ? int(blockIdx.x % unsigned(kt_count)) : 0;
+  const bool ef = p.flags & kEvictFirst;
+  const uint64_t pol = ef ? evict_first_policy() : 0;
 
-  auto issue = [&](int kt) {
-    const uint32_t st = s0 + uint32_t(kt % STAGES) * kStageBytes;
-    const int64_t k0 = int64_t(kt) * kBK;
+  auto issue_w = [&](auto kEF, uint32_t st, int64_t k0) {
 #pragma unroll
     for (int j = 0; j < BN * kChunks / kThreads; ++j) {  // consecutive threads: consecutive 16 B of a row
       const int i = tid + j * kThreads, row = i / kChunks, c = i % kChunks;
       const int64_t n = n0 + row, k = k0 + c * 8;
       const bool ok = n < N && k < K;
-      cp_async16(st + swz(row, c), ok ? w + n * p.ldw + k : w, ok ? 16 : 0);
+      cp_async_w<decltype(kEF)::value>(st + swz(row, c), ok ? w + n * p.ldw + k : w, ok ? 16 : 0, pol);
     }
+  };
+  auto issue = [&](int kt) {  // ring slot kt % STAGES, k-block (kt + kt_rot) % kt_count
+    const uint32_t st = s0 + uint32_t(kt % STAGES) * kStageBytes;
+    const int kb = kt + kt_rot < kt_count ? kt + kt_rot : kt + kt_rot - kt_count;
+    const int64_t k0 = int64_t(kb) * kBK;
+    if (ef)
+      issue_w(std::true_type{}, st, k0);
+    else
+      issue_w(std::false_type{}, st, k0);
 #pragma unroll
     for (int j = 0; j < kTok * kChunks / kThreads; ++j) {
       const int i = tid + j * kThreads, t = i / kChunks, c = i % kChunks;
@@ -170,24 +219,249 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(Params p) {
   }
 }
 
+// ------------------------------------------------------------------------------ sm_90a: wgmma from shared memory
+
+// wgmma shared-memory descriptor of a K-major SWIZZLE_128B tile: start address, 8-row groups 1024 B apart (stride
+// byte offset), leading byte offset unused for this layout. Tiles start 1024-byte aligned, so a k16 step inside a
+// 64-wide half is +32 bytes on the start address (the swizzle applies to the address bits).
+[[maybe_unused]] __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+  return uint64_t((saddr & 0x3FFFF) >> 4) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+// byte offset of (row, 16-byte chunk 0..15) of a 128-wide k-block stored as two [rows][128 B] halves
+[[maybe_unused]] __device__ __forceinline__ uint32_t swz128(int row, int chunk, int rows) {
+  return uint32_t(chunk >> 3) * uint32_t(rows * 128) + uint32_t(row) * 128 + uint32_t(((chunk & 7) ^ (row & 7)) * 16);
+}
+
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], uint64_t da, uint64_t db) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "l"(da), "l"(db));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "l"(da), "l"(db));
+  }
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+#endif
+}
+
+[[maybe_unused]] __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+template <typename T, int BN, int STAGES>
+__global__ void __launch_bounds__(kThreads) stream_wg_kernel(Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kMT = BN / 64;  // m64 tiles: wgmma's M is 64 W' rows
+  constexpr int kWBytes = BN * kBK * 2;
+  constexpr int kStageBytes = kWBytes + kTok * kBK * 2;  // a multiple of 1024: every tile stays 1024-aligned
+  static_assert(BN % 64 == 0 && (BN * kChunks) % kThreads == 0 && kStageBytes % 1024 == 0);
+  extern __shared__ unsigned char smem[];
+  __shared__ float rstd_s[kTok];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t n0 = int64_t(blockIdx.x) * BN;
+  const int64_t M = p.M, N = p.N, K = p.K;
+  const int kt_count = int((K + kBK - 1) / kBK);
+  const uint32_t s0 = (smem_u32(smem) + 1023u) & ~1023u;  // the launch adds 1 KB of slack for this
+  const T* __restrict__ w = static_cast<const T*>(p.w);
+  const T* __restrict__ x = static_cast<const T*>(p.x);
+  const int kt_rot = (p.flags & kRotate) ? int(blockIdx.x % unsigned(kt_count)) : 0;
+  const bool ef = p.flags & kEvictFirst;
+  const uint64_t pol = ef ? evict_first_policy() : 0;
+
+  auto issue_w = [&](auto kEF, uint32_t st, int64_t k0) {
+#pragma unroll
+    for (int j = 0; j < BN * kChunks / kThreads; ++j) {  // 16 consecutive threads: one row's 256 B
+      const int i = tid + j * kThreads, row = i / kChunks, c = i % kChunks;
+      const int64_t n = n0 + row, k = k0 + c * 8;
+      const bool ok = n < N && k < K;
+      cp_async_w<decltype(kEF)::value>(st + swz128(row, c, BN), ok ? w + n * p.ldw + k : w, ok ? 16 : 0, pol);
+    }
+  };
+  auto issue = [&](int kt) {
+    const uint32_t st = s0 + uint32_t(kt % STAGES) * kStageBytes;
+    const int kb = kt + kt_rot < kt_count ? kt + kt_rot : kt + kt_rot - kt_count;
+    const int64_t k0 = int64_t(kb) * kBK;
+    if (ef)
+      issue_w(std::true_type{}, st, k0);
+    else
+      issue_w(std::false_type{}, st, k0);
+#pragma unroll
+    for (int j = 0; j < kTok * kChunks / kThreads; ++j) {
+      const int i = tid + j * kThreads, t = i / kChunks, c = i % kChunks;
+      const int64_t k = k0 + c * 8;
+      const bool ok = t < M && k < K;
+      cp_async16(st + kWBytes + swz128(t, c, kTok), ok ? x + t * p.ldx + k : x, ok ? 16 : 0);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < kt_count) issue(s);
+    cp_async_commit();
+  }
+
+  float acc[kMT][8];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[mt][e] = 0.f;
+  float ss = 0.f;  // token tid / 8, chunks tid % 8 of both halves
+  const int ss_tok = tid >> 3, ss_c = tid & 7;
+
+  for (int kt = 0; kt < kt_count; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    // this thread's cp.async writes, made visible to the async proxy that wgmma reads shared memory through
+    if (p.flags & kProxyFence) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();  // stage kt landed for every thread; every thread's sums of stage kt - 1 are done
+    const uint32_t st = s0 + uint32_t(kt % STAGES) * kStageBytes;
+    const uint32_t xs = st + kWBytes;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) fence_operand(acc[mt][e]);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {  // k16 steps of the 64-wide half: +32 B
+          const uint32_t a = st + uint32_t(h * BN * 128 + mt * 64 * 128 + ks * 32);
+          const uint32_t b = xs + uint32_t(h * kTok * 128 + ks * 32);
+          wgmma_m64n16k16<T>(acc[mt], wg_desc(a), wg_desc(b));
+        }
+      }
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    wgmma_wait<1>();  // k-block kt - 1's group is done, so its ring slot may be refilled
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) fence_operand(acc[mt][e]);
+    if (kt + STAGES - 1 < kt_count) issue(kt + STAGES - 1);
+    cp_async_commit();
+    {
+      const unsigned char* xp = smem + (xs - smem_u32(smem));
+      uint4 v0 = *reinterpret_cast<const uint4*>(xp + swz128(ss_tok, ss_c, kTok));
+      uint4 v1 = *reinterpret_cast<const uint4*>(xp + swz128(ss_tok, ss_c + 8, kTok));
+      float f0[8], f1[8];
+      frms::unpack8<T>(v0, f0);
+      frms::unpack8<T>(v1, f1);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ss = fmaf(f0[e], f0[e], fmaf(f1[e], f1[e], ss));
+    }
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) fence_operand(acc[mt][e]);
+  cp_async_wait<0>();
+
+  ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+  ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+  ss += __shfl_xor_sync(0xffffffffu, ss, 4);
+  if (ss_c == 0) rstd_s[ss_tok] = rsqrtf(ss / float(K) + p.eps);
+  __syncthreads();
+
+  // m64n16 accumulator: warp w holds rows 16 w .. 16 w + 15 of the m64 tile; value 4 j + 2 h + e is
+  // (row g + 8 h, token 8 j + 2 t + e)
+  const int g = lane >> 2, t2 = (lane & 3) * 2;
+  const T* bias = static_cast<const T*>(p.bias);
+  T* y = static_cast<T*>(p.y);
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t n = n0 + mt * 64 + warp * 16 + g + h * 8;
+      if (n >= N) continue;
+      const float bn = bias ? frms::to_float<T>(bias[n]) : 0.f;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int tok = j * 8 + t2 + e;
+          if (tok < M) y[tok * p.ldy + n] = frms::from_float<T>(acc[mt][4 * j + 2 * h + e] * rstd_s[tok] + bn);
+        }
+      }
+    }
+  }
+#else
+  __trap();  // launched only on sm_90 devices from a binary with sm_90a code (frms_decode_stream checks)
+#endif
+}
+
+// Kernels that need more than 48 KB of dynamic shared memory: the opt-in, once per device and kernel
+template <typename Kern>
+int opt_in_smem(Kern kernel, size_t smem, bool (&done)[frms::kMaxDevices]) {
+  const int dev = frms::current_device();
+  if (!done[dev]) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (e != cudaSuccess) return int(e);
+    done[dev] = true;
+  }
+  return 0;
+}
+
 template <typename T, int BN, int STAGES>
 int launch(const Params& p, cudaStream_t stream) {
   constexpr size_t smem = size_t(STAGES) * (BN + kTok) * kBK * 2;
   static bool attr_set[frms::kMaxDevices] = {};
-  const int dev = frms::current_device();
-  if (!attr_set[dev]) {  // > 48 KB of dynamic shared memory needs the opt-in (per device)
-    cudaError_t e = cudaFuncSetAttribute(stream_kernel<T, BN, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(smem));
-    if (e != cudaSuccess) return int(e);
-    attr_set[dev] = true;
-  }
+  if (int e = opt_in_smem(stream_kernel<T, BN, STAGES>, smem, attr_set)) return e;
   const dim3 grid(unsigned((p.N + BN - 1) / BN));
   stream_kernel<T, BN, STAGES><<<grid, kThreads, smem, stream>>>(p);
   return int(cudaGetLastError());
 }
 
+// The wgmma kernel exists only in an sm_90a cubin (FRMS_STREAM_WGMMA: the build compiled this unit for 9.0a), which
+// runs only on a compute-capability 9.0 device.
+inline bool wgmma_device() {
+  static signed char ok[frms::kMaxDevices];  // 0 unknown, 1 yes, -1 no
+  const int dev = frms::current_device();
+  if (ok[dev] == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    ok[dev] = FRMS_STREAM_WGMMA && major == 9 && minor == 0 ? 1 : -1;
+  }
+  return ok[dev] > 0;
+}
+
+template <typename T, int BN, int STAGES>
+int launch_wg(const Params& p, cudaStream_t stream) {
+  if (!wgmma_device()) return FRMS_ERR_NOT_BUILT;
+  constexpr size_t smem = size_t(STAGES) * (BN + kTok) * kBK * 2 + 1024;  // + slack to align the ring to 1 KB
+  static bool attr_set[frms::kMaxDevices] = {};
+  if (int e = opt_in_smem(stream_wg_kernel<T, BN, STAGES>, smem, attr_set)) return e;
+  const dim3 grid(unsigned((p.N + BN - 1) / BN));
+  stream_wg_kernel<T, BN, STAGES><<<grid, kThreads, smem, stream>>>(p);
+  return int(cudaGetLastError());
+}
+
 template <typename T>
-int dispatch(const Params& p, int bn, int stages, cudaStream_t stream) {
+int dispatch(const Params& p, int bn, int stages, int wgmma, cudaStream_t stream) {
+  if (wgmma) {
+    if (bn == 128 && stages == 4) return launch_wg<T, 128, 4>(p, stream);
+    if (bn == 128 && stages == 5) return launch_wg<T, 128, 5>(p, stream);
+    if (bn == 128 && stages == 6) return launch_wg<T, 128, 6>(p, stream);
+    if (bn == 64 && stages == 4) return launch_wg<T, 64, 4>(p, stream);
+    if (bn == 64 && stages == 6) return launch_wg<T, 64, 6>(p, stream);
+    return FRMS_ERR_BAD_ARG;
+  }
   if (bn == 128 && stages == 4) return launch<T, 128, 4>(p, stream);
   if (bn == 128 && stages == 3) return launch<T, 128, 3>(p, stream);
   if (bn == 64 && stages == 4) return launch<T, 64, 4>(p, stream);
@@ -198,14 +472,15 @@ int dispatch(const Params& p, int bn, int stages, cudaStream_t stream) {
 
 extern "C" int frms_decode_stream(int dtype, const void* x, int64_t ldx, const void* w, int64_t ldw, const void* bias,
                                   void* y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int bn, int stages,
-                                  void* stream) {
+                                  int wgmma, int flags, void* stream) {
   // 16-byte cp.async chunks: K, the row strides and the bases must all be 16-byte granular
   if (M < 1 || M > kTok || N < 1 || K < 8 || K % 8 != 0 || ldx % 8 != 0 || ldw % 8 != 0 || !(eps > 0.f))
     return FRMS_ERR_BAD_ARG;
   if (!frms::aligned16(x) || !frms::aligned16(w) || ldx < K || ldw < K || ldy < N) return FRMS_ERR_BAD_ARG;
-  const Params p{x, ldx, w, ldw, bias, y, ldy, M, N, K, eps};
+  if (flags & ~(kRotate | kEvictFirst | kProxyFence)) return FRMS_ERR_BAD_ARG;
+  const Params p{x, ldx, w, ldw, bias, y, ldy, M, N, K, eps, flags};
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (dtype == FRMS_DTYPE_BF16) return dispatch<__nv_bfloat16>(p, bn, stages, s);
-  if (dtype == FRMS_DTYPE_F16) return dispatch<__half>(p, bn, stages, s);
+  if (dtype == FRMS_DTYPE_BF16) return dispatch<__nv_bfloat16>(p, bn, stages, wgmma, s);
+  if (dtype == FRMS_DTYPE_F16) return dispatch<__half>(p, bn, stages, wgmma, s);
   return FRMS_ERR_BAD_ARG;
 }
