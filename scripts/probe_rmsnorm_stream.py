@@ -8,9 +8,8 @@ against F.linear's 30.60 and the shipped config 11's 31.48. This times the CUDA 
 variants at the decode shapes of the suite and its neighbours, after a check against the fp32 reference (rows
 far apart in scale), in interleaved rounds (CUDA graphs, weight sets rotated out of L2). Prints a table last.
 
-Session 30 added the sm_90a twin (wgmma from shared memory, what the Triton prototype compiles to) and the
-flags (k-block rotation per CTA, W' evict_first, the proxy fence): VARIANTS names each forced entry;
-PROBE_VARIANTS="name,name" picks some.
+Session 30 added the sm_90a twin (wgmma from shared memory, what the Triton prototype compiles to), with and
+without the proxy fence: VARIANTS names each forced entry; PROBE_VARIANTS="name,name" picks some.
 """
 
 from __future__ import annotations
@@ -39,13 +38,9 @@ _plan = op.plan
 FORCE: list = [None]
 _WG = {"wgmma": True}
 VARIANTS = {f"sync {bn}x{st}": {"bn": bn, "stages": st} for bn, st in ((128, 4), (64, 6))}
-VARIANTS["sync 128x4 rot"] = {"bn": 128, "stages": 4, "rotate": True}
-VARIANTS["sync 128x4 rot ef"] = {"bn": 128, "stages": 4, "rotate": True, "evict_first": True}
 VARIANTS.update({f"wg {bn}x{st}": {**_WG, "bn": bn, "stages": st} for bn, st in op.STREAM_WG_VARIANTS})
-VARIANTS["wg 128x4 rot"] = {**_WG, "bn": 128, "stages": 4, "rotate": True}
-VARIANTS["wg 128x4 ef"] = {**_WG, "bn": 128, "stages": 4, "evict_first": True}
-VARIANTS["wg 128x4 fence"] = {**_WG, "bn": 128, "stages": 4, "proxy_fence": True}
-VARIANTS["wg 64x6 rot"] = {**_WG, "bn": 64, "stages": 6, "rotate": True}
+VARIANTS.update({f"wg {bn}x{st} fence": {**_WG, "bn": bn, "stages": st, "proxy_fence": True}
+                 for bn, st in ((128, 4), (128, 5), (64, 4), (64, 6))})  # fmt: skip
 if os.environ.get("PROBE_VARIANTS"):
     VARIANTS = {k: VARIANTS[k] for k in os.environ["PROBE_VARIANTS"].split(",")}
 

@@ -342,23 +342,22 @@ def test_plan_stream_entry_and_fallbacks(monkeypatch):
     entry["fn"] = {"path": "decode_mma", "wn": 8, "ksplit": 2, "wload": 1}
     assert plan("sm90", 16, 14336, 4096, has_gemm=True, folded=False)["wn"] == 8
     assert op.stream_args({"path": "stream"}) == (*op.STREAM_VARIANTS[0], 0, 0)
-    for bad in ({"bn": 96}, {"bn": 128, "stages": 6}, {"stages": True}, {"wgmma": 1}, {"rotate": 1},
-                {"wgmma": True, "bn": 128, "stages": 3}):  # fmt: skip
+    for bad in ({"bn": 96}, {"bn": 128, "stages": 6}, {"stages": True}, {"wgmma": 1}, {"proxy_fence": True},
+                {"wgmma": True, "bn": 128, "stages": 3}, {"wgmma": True, "proxy_fence": 1}):  # fmt: skip
         with pytest.raises(ValueError, match="stream config"):
             op.stream_args(bad)
 
 
-def test_stream_args_wgmma_and_flags():
-    """The wgmma twin has its own (bn, stages) pairs; the flags map to csrc/decode_stream.cu's bits; without an
-    sm_90a kernel (or on another GPU) a wgmma entry runs the mma.sync kernel of the same bn, minus the fence."""
+def test_stream_args_wgmma():
+    """The wgmma twin has its own (bn, stages) pairs and the optional proxy fence; without an sm_90a kernel (or
+    on another GPU) a wgmma entry runs the mma.sync kernel of the same bn, without the fence."""
     from fused_rmsnorm.ops import rmsnorm_linear as op
 
-    cfg = {"path": "stream", "wgmma": True, "bn": 128, "stages": 6, "rotate": True, "proxy_fence": True}
-    assert op.stream_args(cfg) == (128, 6, 1, 1 | 4)
-    assert op.stream_args(cfg, wgmma_ok=False) == (128, 4, 0, 1)
-    assert op.stream_args({**cfg, "bn": 64, "stages": 4}, wgmma_ok=False) == (64, 6, 0, 1)
+    cfg = {"path": "stream", "wgmma": True, "bn": 128, "stages": 6, "proxy_fence": True}
+    assert op.stream_args(cfg) == (128, 6, 1, 1)
+    assert op.stream_args(cfg, wgmma_ok=False) == (128, 4, 0, 0)
+    assert op.stream_args({**cfg, "bn": 64, "stages": 4}, wgmma_ok=False) == (64, 6, 0, 0)
     assert op.stream_args({"wgmma": True}) == (*op.STREAM_WG_VARIANTS[0], 1, 0)
-    assert op.stream_args({"bn": 64, "stages": 4, "evict_first": True}) == (64, 4, 0, 2)
     for v in op.STREAM_WG_VARIANTS:
         bn, st = v
         assert op.stream_args({"wgmma": True, "bn": bn, "stages": st})[:3] == (bn, st, 1)
@@ -699,14 +698,13 @@ def test_gpu_decode_mma_variant_rejected_for_large_m():
 
 
 def _stream_cfgs(ext) -> list[dict]:
-    """Every compiled "stream" variant (the wgmma ones on a 9.0 GPU with them built), and the flags on one each."""
+    """Every compiled "stream" variant (the wgmma ones, with and without the fence, on a 9.0 GPU with them built)."""
     from fused_rmsnorm.ops import rmsnorm_linear as op
 
     cfgs = [{"path": "stream", "bn": bn, "stages": st} for bn, st in op.STREAM_VARIANTS]
-    cfgs.append({**cfgs[0], "rotate": True, "evict_first": True})
     if torch.cuda.get_device_capability() == (9, 0) and ext.has_stream_wgmma:
         wg = [{"path": "stream", "wgmma": True, "bn": bn, "stages": st} for bn, st in op.STREAM_WG_VARIANTS]
-        cfgs += wg + [{**wg[0], "rotate": True}, {**wg[-1], "rotate": True, "evict_first": True, "proxy_fence": True}]
+        cfgs += wg + [{**wg[0], "proxy_fence": True}, {**wg[-1], "proxy_fence": True}]
     return cfgs
 
 
@@ -715,7 +713,7 @@ def _stream_cfgs(ext) -> list[dict]:
 @pytest.mark.parametrize("M", [1, 5, 16])
 @pytest.mark.parametrize("D", [136, 2056, 4104])
 def test_gpu_stream_vs_fp32(M, D, dtype, monkeypatch):
-    """The "stream" decode kernel, every (bn, stages) variant of both kernels and the flags: K off the 128-wide k-block (D136: 2 blocks, fewer
+    """The "stream" decode kernel, every (bn, stages) variant of both kernels: K off the 128-wide k-block (D136: 2 blocks, fewer
     than the ring's stages; D2056 / 4104: a partial last block), N off the row tile (1000), x rows with a
     padded stride and 100x apart in scale (an rstd given to the wrong token cannot pass), with and without
     bias, on an allocator poisoned with NaN, and a CUDA-graph replay. Functional calls must not take it."""
@@ -766,7 +764,7 @@ def test_gpu_stream_rejects_bad_args():
     m.decode_stream(**ok)
     torch.cuda.synchronize()
     for bad in ({"M": 17}, {"K": 260}, {"x": x.data_ptr() + 2}, {"bn": 64, "stages": 3}, {"eps": 0.0},
-                {"flags": 8}, {"wgmma": 1, "stages": 3}):  # fmt: skip
+                {"fence": 2}, {"wgmma": 1, "stages": 3}):  # fmt: skip
         with pytest.raises(RuntimeError, match="unsupported arguments"):
             m.decode_stream(**{**ok, **bad})
     if not (torch.cuda.get_device_capability() == (9, 0) and m.has_stream_wgmma()):
@@ -822,7 +820,7 @@ def test_gpu_compute_sanitizer_memcheck(tmp_path):
         "import fused_rmsnorm.ops.rmsnorm_linear as op\n"
         "vs = [{'bn': bn, 'stages': st} for bn, st in op.STREAM_VARIANTS]\n"
         "if torch.cuda.get_device_capability() == (9, 0) and op._backend.get_ext(x.device).has_stream_wgmma:\n"
-        "    vs += [{'bn': bn, 'stages': st, 'wgmma': True, 'rotate': True} for bn, st in op.STREAM_WG_VARIANTS]\n"
+        "    vs += [{'bn': bn, 'stages': st, 'wgmma': True, 'proxy_fence': st == 4} for bn, st in op.STREAM_WG_VARIANTS]\n"
         "for v in vs:  # the stream decode kernels: N = 136, a partial row tile\n"
         "    op.plan = lambda *a, v=v, **k: {'path': 'stream', **v}\n"
         "    y = op.fused_rmsnorm_linear_folded(x[:3], g, w, op.fold_weight(g, w), b)\n"

@@ -130,10 +130,10 @@ PYBIND11_MODULE(_C, m) {
       "decode_stream",
       [](int dtype, std::uintptr_t x, int64_t ldx, std::uintptr_t w, int64_t ldw, std::uintptr_t bias,
          std::uintptr_t y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int bn, int stages,
-         std::uintptr_t stream, int wgmma, int flags) {
+         std::uintptr_t stream, int wgmma, int fence) {
 #if FRMS_HAVE_MMA
         check(frms_decode_stream(dtype, cptr(x), ldx, cptr(w), ldw, bias ? cptr(bias) : nullptr, mptr(y), ldy, M, N,
-                                 K, eps, bn, stages, wgmma, flags, mptr(stream)),
+                                 K, eps, bn, stages, wgmma, fence, mptr(stream)),
               "decode_stream");
 #else
         check(FRMS_ERR_NOT_BUILT, "decode_stream");
@@ -142,11 +142,11 @@ PYBIND11_MODULE(_C, m) {
       "Decode on the folded W' = W * g (sm_80+, M <= 16): one CTA per bn W' rows over all of K, a cp.async ring of "
       "`stages` 128-wide k-blocks of W' and x, rstd from the same x tiles. wgmma 0: mma.sync, (bn, stages) "
       "(128, 4) | (128, 3) | (64, 4) | (64, 6); wgmma 1 (has_stream_wgmma() and a 9.0 GPU): wgmma, (128, 4) | "
-      "(128, 5) | (128, 6) | (64, 4) | (64, 6). flags: 1 = k-blocks rotated per CTA, 2 = W' loads L2 evict_first. "
+      "(128, 5) | (128, 6) | (64, 4) | (64, 6); fence 1 (wgmma only): fence.proxy.async before each stage's wgmma. "
       "K, ldx, ldw multiples of 8; x and w 16-byte aligned.",
       py::arg("dtype"), py::arg("x"), py::arg("ldx"), py::arg("w"), py::arg("ldw"), py::arg("bias"), py::arg("y"),
       py::arg("ldy"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("eps"), py::arg("bn") = 128,
-      py::arg("stages") = 4, py::arg("stream") = 0, py::arg("wgmma") = 0, py::arg("flags") = 0);
+      py::arg("stages") = 4, py::arg("stream") = 0, py::arg("wgmma") = 0, py::arg("fence") = 0);
 
   m.def(
       "rstd",

@@ -17,8 +17,9 @@
 // swizzled tiles). Tiles there are stored as the two 64-wide k halves of a block, each [rows][128 B] with the
 // 16-byte chunks XOR-swizzled by row % 8: wgmma's canonical K-major SWIZZLE_128B layout.
 //
-// flags (both kernels): bit 0 rotates each CTA's k-block order by its index, so the CTAs do not all read the same
-// x block from L2 at once; bit 1 loads W' with an L2 evict_first policy (read once, keep x and y resident).
+// Both kernels keep their per-stage instruction count minimal: one warp per scheduler hides no latency, and a
+// runtime k-block rotation (to spread the CTAs' reads of x over L2) or a second, evict_first copy of the load loop
+// made them 1.4-2.4x slower (session 30, standalone A/B on the H200: B16 N14336 31.9 -> 52.2 us), so neither is kept.
 #include "frms.h"
 #include "mma.cuh"
 #include "vec.cuh"
@@ -49,12 +50,8 @@ struct Params {
   int64_t ldy;
   int64_t M, N, K;
   float eps;
-  int flags;
+  int fence;  // wgmma kernel: fence.proxy.async between each stage's cp.async writes and the wgmma reading them
 };
-
-constexpr int kRotate = 1;      // flags bit 0: k-block order rotated by blockIdx.x
-constexpr int kEvictFirst = 2;  // flags bit 1: W' with an L2 evict_first policy
-constexpr int kProxyFence = 4;  // flags bit 2 (wgmma kernel): fence.proxy.async between the ring and wgmma
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -63,24 +60,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 // 16 bytes global -> shared, bypassing L1; src_bytes 0 fills zeros (rows / tokens / k past the end)
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async16_hint(uint32_t dst, const void* src, int src_bytes, uint64_t pol) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst), "l"(src),
-               "r"(src_bytes), "l"(pol)
-               : "memory");
-}
-__device__ __forceinline__ uint64_t evict_first_policy() {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  return pol;
-}
-// W' chunk load: plain, or with the evict_first policy
-template <bool kEF>
-__device__ __forceinline__ void cp_async_w(uint32_t dst, const void* src, int src_bytes, uint64_t pol) {
-  if constexpr (kEF)
-    cp_async16_hint(dst, src, src_bytes, pol);
-  else
-    cp_async16(dst, src, src_bytes);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
@@ -115,27 +94,17 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(Params p) {
   const uint32_t s0 = smem_u32(smem);
   const T* __restrict__ w = static_cast<const T*>(p.w);
   const T* __restrict__ x = static_cast<const T*>(p.x);
-  const int kt_rot = (p.flags & kRotate) ? int(blockIdx.x % unsigned(kt_count)) : 0;
-  const bool ef = p.flags & kEvictFirst;
-  const uint64_t pol = ef ? evict_first_policy() : 0;
 
-  auto issue_w = [&](auto kEF, uint32_t st, int64_t k0) {
+  auto issue = [&](int kt) {
+    const uint32_t st = s0 + uint32_t(kt % STAGES) * kStageBytes;
+    const int64_t k0 = int64_t(kt) * kBK;
 #pragma unroll
     for (int j = 0; j < BN * kChunks / kThreads; ++j) {  // consecutive threads: consecutive 16 B of a row
       const int i = tid + j * kThreads, row = i / kChunks, c = i % kChunks;
       const int64_t n = n0 + row, k = k0 + c * 8;
       const bool ok = n < N && k < K;
-      cp_async_w<decltype(kEF)::value>(st + swz(row, c), ok ? w + n * p.ldw + k : w, ok ? 16 : 0, pol);
+      cp_async16(st + swz(row, c), ok ? w + n * p.ldw + k : w, ok ? 16 : 0);
     }
-  };
-  auto issue = [&](int kt) {  // ring slot kt % STAGES, k-block (kt + kt_rot) % kt_count
-    const uint32_t st = s0 + uint32_t(kt % STAGES) * kStageBytes;
-    const int kb = kt + kt_rot < kt_count ? kt + kt_rot : kt + kt_rot - kt_count;
-    const int64_t k0 = int64_t(kb) * kBK;
-    if (ef)
-      issue_w(std::true_type{}, st, k0);
-    else
-      issue_w(std::false_type{}, st, k0);
 #pragma unroll
     for (int j = 0; j < kTok * kChunks / kThreads; ++j) {
       const int i = tid + j * kThreads, t = i / kChunks, c = i % kChunks;
@@ -278,27 +247,17 @@ __global__ void __launch_bounds__(kThreads) stream_wg_kernel(Params p) {
   const uint32_t s0 = (smem_u32(smem) + 1023u) & ~1023u;  // the launch adds 1 KB of slack for this
   const T* __restrict__ w = static_cast<const T*>(p.w);
   const T* __restrict__ x = static_cast<const T*>(p.x);
-  const int kt_rot = (p.flags & kRotate) ? int(blockIdx.x % unsigned(kt_count)) : 0;
-  const bool ef = p.flags & kEvictFirst;
-  const uint64_t pol = ef ? evict_first_policy() : 0;
 
-  auto issue_w = [&](auto kEF, uint32_t st, int64_t k0) {
+  auto issue = [&](int kt) {
+    const uint32_t st = s0 + uint32_t(kt % STAGES) * kStageBytes;
+    const int64_t k0 = int64_t(kt) * kBK;
 #pragma unroll
     for (int j = 0; j < BN * kChunks / kThreads; ++j) {  // 16 consecutive threads: one row's 256 B
       const int i = tid + j * kThreads, row = i / kChunks, c = i % kChunks;
       const int64_t n = n0 + row, k = k0 + c * 8;
       const bool ok = n < N && k < K;
-      cp_async_w<decltype(kEF)::value>(st + swz128(row, c, BN), ok ? w + n * p.ldw + k : w, ok ? 16 : 0, pol);
+      cp_async16(st + swz128(row, c, BN), ok ? w + n * p.ldw + k : w, ok ? 16 : 0);
     }
-  };
-  auto issue = [&](int kt) {
-    const uint32_t st = s0 + uint32_t(kt % STAGES) * kStageBytes;
-    const int kb = kt + kt_rot < kt_count ? kt + kt_rot : kt + kt_rot - kt_count;
-    const int64_t k0 = int64_t(kb) * kBK;
-    if (ef)
-      issue_w(std::true_type{}, st, k0);
-    else
-      issue_w(std::false_type{}, st, k0);
 #pragma unroll
     for (int j = 0; j < kTok * kChunks / kThreads; ++j) {
       const int i = tid + j * kThreads, t = i / kChunks, c = i % kChunks;
@@ -325,7 +284,7 @@ __global__ void __launch_bounds__(kThreads) stream_wg_kernel(Params p) {
   for (int kt = 0; kt < kt_count; ++kt) {
     cp_async_wait<STAGES - 2>();
     // this thread's cp.async writes, made visible to the async proxy that wgmma reads shared memory through
-    if (p.flags & kProxyFence) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    if (p.fence) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();  // stage kt landed for every thread; every thread's sums of stage kt - 1 are done
     const uint32_t st = s0 + uint32_t(kt % STAGES) * kStageBytes;
     const uint32_t xs = st + kWBytes;
@@ -472,13 +431,13 @@ int dispatch(const Params& p, int bn, int stages, int wgmma, cudaStream_t stream
 
 extern "C" int frms_decode_stream(int dtype, const void* x, int64_t ldx, const void* w, int64_t ldw, const void* bias,
                                   void* y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int bn, int stages,
-                                  int wgmma, int flags, void* stream) {
+                                  int wgmma, int fence, void* stream) {
   // 16-byte cp.async chunks: K, the row strides and the bases must all be 16-byte granular
   if (M < 1 || M > kTok || N < 1 || K < 8 || K % 8 != 0 || ldx % 8 != 0 || ldw % 8 != 0 || !(eps > 0.f))
     return FRMS_ERR_BAD_ARG;
   if (!frms::aligned16(x) || !frms::aligned16(w) || ldx < K || ldw < K || ldy < N) return FRMS_ERR_BAD_ARG;
-  if (flags & ~(kRotate | kEvictFirst | kProxyFence)) return FRMS_ERR_BAD_ARG;
-  const Params p{x, ldx, w, ldw, bias, y, ldy, M, N, K, eps, flags};
+  if (fence != 0 && fence != 1) return FRMS_ERR_BAD_ARG;
+  const Params p{x, ldx, w, ldw, bias, y, ldy, M, N, K, eps, fence};
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (dtype == FRMS_DTYPE_BF16) return dispatch<__nv_bfloat16>(p, bn, stages, wgmma, s);
   if (dtype == FRMS_DTYPE_F16) return dispatch<__half>(p, bn, stages, wgmma, s);

@@ -132,34 +132,28 @@ def plan(
 MMA_VARIANT_MAX_M = 16
 # "stream" (csrc/decode_stream.cu): decode on the modules' W' only, one 16-token tile; "bn" W' rows per CTA and
 # "stages" of the cp.async ring, the compiled pairs below (default the first). "wgmma": the sm_90a twin (wgmma
-# from shared memory; its own compiled pairs). Flags of both: "rotate" (each CTA's k-block order rotated by its
-# index), "evict_first" (W' loads with an L2 evict_first policy), "proxy_fence" (wgmma only: fence.proxy.async
-# between the cp.async ring and wgmma).
+# from shared memory; its own compiled pairs), optionally with "proxy_fence" (fence.proxy.async between each
+# stage's cp.async writes and its wgmma).
 STREAM_MAX_M = 16
 STREAM_VARIANTS = ((128, 4), (128, 3), (64, 4), (64, 6))
 STREAM_WG_VARIANTS = ((128, 4), (128, 5), (128, 6), (64, 4), (64, 6))
-STREAM_FLAGS = {"rotate": 1, "evict_first": 2, "proxy_fence": 4}  # csrc/decode_stream.cu kRotate, ...
 
 
 def stream_args(cfg: dict, wgmma_ok: bool = True) -> tuple[int, int, int, int]:
-    """(bn, stages, wgmma, flags) of a "stream" entry: optional keys "bn" and "stages" (a pair of
-    STREAM_VARIANTS, or of STREAM_WG_VARIANTS with "wgmma"), and the boolean keys "wgmma" and STREAM_FLAGS.
+    """(bn, stages, wgmma, fence) of a "stream" entry: optional keys "bn" and "stages" (a pair of
+    STREAM_VARIANTS, or of STREAM_WG_VARIANTS with "wgmma"), and the booleans "wgmma" and "proxy_fence".
     wgmma_ok False (no sm_90a kernel in the binary, or not a 9.0 GPU): a wgmma entry runs the mma.sync kernel
     with the same bn (128: 4 stages, 64: 6)."""
-    wg = cfg.get("wgmma", False)
+    wg, fence = cfg.get("wgmma", False), cfg.get("proxy_fence", False)
     table = STREAM_WG_VARIANTS if wg is True else STREAM_VARIANTS
     v = (cfg.get("bn", table[0][0]), cfg.get("stages", table[0][1]))
     if not isinstance(wg, bool) or any(isinstance(e, bool) for e in v) or v not in table:
         raise ValueError(f"stream config (bn, stages) must be one of {table} (wgmma {wg!r}), got {v!r}")
-    flags = 0
-    for key, bit in STREAM_FLAGS.items():
-        on = cfg.get(key, False)
-        if not isinstance(on, bool):
-            raise ValueError(f"stream config {key!r} must be a bool, got {on!r}")
-        flags |= bit if on else 0
+    if not isinstance(fence, bool) or (fence and not wg):
+        raise ValueError(f"stream config 'proxy_fence' must be a bool and needs 'wgmma', got {fence!r}")
     if wg and not wgmma_ok:
-        return int(v[0]), 4 if v[0] == 128 else 6, 0, flags & ~STREAM_FLAGS["proxy_fence"]
-    return int(v[0]), int(v[1]), int(wg), flags
+        return int(v[0]), 4 if v[0] == 128 else 6, 0, 0
+    return int(v[0]), int(v[1]), int(wg), int(fence)
 
 
 # SM90 prefill with a PDL GEMM whose persistent grid leaves SMs idle (e.g. 128 output tiles on 132 SMs):
@@ -411,11 +405,11 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
     bptr = b.data_ptr() if b is not None else 0
     mod = ext.module
     if p["path"] == "stream":  # plan() gives it only a folded call (w_folded set)
-        bn, stages, wgmma, flags = stream_args(p, wgmma_ok=cap == (9, 0) and ext.has_stream_wgmma)
+        bn, stages, wgmma, fence = stream_args(p, wgmma_ok=cap == (9, 0) and ext.has_stream_wgmma)
         w2 = _as_2d_rows(w_folded, "w_folded")
         mod.decode_stream(
             dt, x2.data_ptr(), _ld(x2), w2.data_ptr(), _ld(w2), bptr, out.data_ptr(), out.stride(0), M, N, D,
-            float(eps), bn, stages, stream, wgmma, flags,
+            float(eps), bn, stages, stream, wgmma, fence,
         )  # fmt: skip
         return out.reshape(*lead, N)
     if p["path"] == "decode_mma":
