@@ -343,7 +343,8 @@ def test_plan_stream_entry_and_fallbacks(monkeypatch):
     assert plan("sm90", 16, 14336, 4096, has_gemm=True, folded=False)["wn"] == 8
     assert op.stream_args({"path": "stream"}) == (*op.STREAM_VARIANTS[0], 0, 0)
     for bad in ({"bn": 96}, {"bn": 128, "stages": 6}, {"stages": True}, {"wgmma": 1}, {"proxy_fence": True},
-                {"wgmma": True, "bn": 128, "stages": 3}, {"wgmma": True, "proxy_fence": 1}):  # fmt: skip
+                {"wgmma": True, "bn": 128, "stages": 3}, {"wgmma": True, "proxy_fence": 1}, {"warpgroups": 2},
+                {"wgmma": True, "bn": 64, "stages": 5, "warpgroups": 2}):  # fmt: skip
         with pytest.raises(ValueError, match="stream config"):
             op.stream_args(bad)
 
@@ -353,14 +354,13 @@ def test_stream_args_wgmma():
     on another GPU) a wgmma entry runs the mma.sync kernel of the same bn, without the fence."""
     from fused_rmsnorm.ops import rmsnorm_linear as op
 
-    cfg = {"path": "stream", "wgmma": True, "bn": 128, "stages": 6, "proxy_fence": True}
-    assert op.stream_args(cfg) == (128, 6, 1, 1)
+    cfg = {"path": "stream", "wgmma": True, "bn": 128, "stages": 6, "warpgroups": 2, "proxy_fence": True}
+    assert op.stream_args(cfg) == (128, 6, 2, 1)
     assert op.stream_args(cfg, wgmma_ok=False) == (128, 4, 0, 0)
-    assert op.stream_args({**cfg, "bn": 64, "stages": 4}, wgmma_ok=False) == (64, 6, 0, 0)
-    assert op.stream_args({"wgmma": True}) == (*op.STREAM_WG_VARIANTS[0], 1, 0)
-    for v in op.STREAM_WG_VARIANTS:
-        bn, st = v
-        assert op.stream_args({"wgmma": True, "bn": bn, "stages": st})[:3] == (bn, st, 1)
+    assert op.stream_args({"wgmma": True, "bn": 64, "stages": 5}, wgmma_ok=False) == (64, 6, 0, 0)
+    assert op.stream_args({"wgmma": True}) == (*op.STREAM_WG_VARIANTS[0], 0)
+    for bn, st, wg in op.STREAM_WG_VARIANTS:
+        assert op.stream_args({"wgmma": True, "bn": bn, "stages": st, "warpgroups": wg}) == (bn, st, wg, 0)
         assert (bn * 256 + 4096) * st + 1024 <= 227 * 1024  # the ring fits an H100 / H200 CTA's shared memory
 
 
@@ -703,7 +703,8 @@ def _stream_cfgs(ext) -> list[dict]:
 
     cfgs = [{"path": "stream", "bn": bn, "stages": st} for bn, st in op.STREAM_VARIANTS]
     if torch.cuda.get_device_capability() == (9, 0) and ext.has_stream_wgmma:
-        wg = [{"path": "stream", "wgmma": True, "bn": bn, "stages": st} for bn, st in op.STREAM_WG_VARIANTS]
+        wg = [{"path": "stream", "wgmma": True, "bn": bn, "stages": st, "warpgroups": g}
+              for bn, st, g in op.STREAM_WG_VARIANTS]  # fmt: skip
         cfgs += wg + [{**wg[0], "proxy_fence": True}, {**wg[-1], "proxy_fence": True}]
     return cfgs
 
@@ -764,7 +765,7 @@ def test_gpu_stream_rejects_bad_args():
     m.decode_stream(**ok)
     torch.cuda.synchronize()
     for bad in ({"M": 17}, {"K": 260}, {"x": x.data_ptr() + 2}, {"bn": 64, "stages": 3}, {"eps": 0.0},
-                {"fence": 2}, {"wgmma": 1, "stages": 3}):  # fmt: skip
+                {"fence": 2}, {"wgmma": 1, "stages": 3}, {"wgmma": 3}, {"wgmma": 2, "bn": 64, "stages": 5}):  # fmt: skip
         with pytest.raises(RuntimeError, match="unsupported arguments"):
             m.decode_stream(**{**ok, **bad})
     if not (torch.cuda.get_device_capability() == (9, 0) and m.has_stream_wgmma()):
@@ -820,7 +821,8 @@ def test_gpu_compute_sanitizer_memcheck(tmp_path):
         "import fused_rmsnorm.ops.rmsnorm_linear as op\n"
         "vs = [{'bn': bn, 'stages': st} for bn, st in op.STREAM_VARIANTS]\n"
         "if torch.cuda.get_device_capability() == (9, 0) and op._backend.get_ext(x.device).has_stream_wgmma:\n"
-        "    vs += [{'bn': bn, 'stages': st, 'wgmma': True, 'proxy_fence': st == 4} for bn, st in op.STREAM_WG_VARIANTS]\n"
+        "    vs += [{'bn': bn, 'stages': st, 'wgmma': True, 'warpgroups': g, 'proxy_fence': st == 4}\n"
+        "           for bn, st, g in op.STREAM_WG_VARIANTS]\n"
         "for v in vs:  # the stream decode kernels: N = 136, a partial row tile\n"
         "    op.plan = lambda *a, v=v, **k: {'path': 'stream', **v}\n"
         "    y = op.fused_rmsnorm_linear_folded(x[:3], g, w, op.fold_weight(g, w), b)\n"

@@ -230,17 +230,24 @@ __device__ __forceinline__ void wgmma_wait() {
 
 [[maybe_unused]] __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
-template <typename T, int BN, int STAGES>
-__global__ void __launch_bounds__(kThreads) stream_wg_kernel(Params p) {
+// WG warpgroups per CTA, each owning BN / WG rows of W' (kMT m64 tiles). WG 1: the next stage's loads go out
+// once this warpgroup's wgmma of the previous k-block retired (STAGES - 1 blocks in flight). WG 2: a warpgroup
+// cannot see the other's wgmma retire, so the loads go out after the top barrier into the slot of k-block kt - 2,
+// which both retired one iteration earlier (STAGES - 2 in flight; twice the warps to hide each one's latency).
+template <typename T, int BN, int STAGES, int WG>
+__global__ void __launch_bounds__(128 * WG) stream_wg_kernel(Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kMT = BN / 64;  // m64 tiles: wgmma's M is 64 W' rows
+  constexpr int kNT = 128 * WG;          // threads
+  constexpr int kMT = BN / 64 / WG;      // m64 tiles per warpgroup: wgmma's M is 64 W' rows
   constexpr int kWBytes = BN * kBK * 2;
   constexpr int kStageBytes = kWBytes + kTok * kBK * 2;  // a multiple of 1024: every tile stays 1024-aligned
-  static_assert(BN % 64 == 0 && (BN * kChunks) % kThreads == 0 && kStageBytes % 1024 == 0);
+  constexpr int kTpt = kNT / kTok;       // threads per token in the sum of squares
+  static_assert(kMT >= 1 && BN % (64 * WG) == 0 && (BN * kChunks) % kNT == 0 && kStageBytes % 1024 == 0);
+  static_assert(WG == 1 || STAGES >= 3);
   extern __shared__ unsigned char smem[];
   __shared__ float rstd_s[kTok];
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3, wg = tid >> 7;
   const int64_t n0 = int64_t(blockIdx.x) * BN;
   const int64_t M = p.M, N = p.N, K = p.K;
   const int kt_count = int((K + kBK - 1) / kBK);
@@ -252,23 +259,24 @@ __global__ void __launch_bounds__(kThreads) stream_wg_kernel(Params p) {
     const uint32_t st = s0 + uint32_t(kt % STAGES) * kStageBytes;
     const int64_t k0 = int64_t(kt) * kBK;
 #pragma unroll
-    for (int j = 0; j < BN * kChunks / kThreads; ++j) {  // 16 consecutive threads: one row's 256 B
-      const int i = tid + j * kThreads, row = i / kChunks, c = i % kChunks;
+    for (int j = 0; j < BN * kChunks / kNT; ++j) {  // 16 consecutive threads: one row's 256 B
+      const int i = tid + j * kNT, row = i / kChunks, c = i % kChunks;
       const int64_t n = n0 + row, k = k0 + c * 8;
       const bool ok = n < N && k < K;
       cp_async16(st + swz128(row, c, BN), ok ? w + n * p.ldw + k : w, ok ? 16 : 0);
     }
 #pragma unroll
-    for (int j = 0; j < kTok * kChunks / kThreads; ++j) {
-      const int i = tid + j * kThreads, t = i / kChunks, c = i % kChunks;
+    for (int j = 0; j < kTok * kChunks / kNT; ++j) {
+      const int i = tid + j * kNT, t = i / kChunks, c = i % kChunks;
       const int64_t k = k0 + c * 8;
       const bool ok = t < M && k < K;
       cp_async16(st + kWBytes + swz128(t, c, kTok), ok ? x + t * p.ldx + k : x, ok ? 16 : 0);
     }
   };
+  constexpr int kAhead = WG == 1 ? STAGES - 1 : STAGES - 2;  // k-blocks in flight
 
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
+  for (int s = 0; s < kAhead; ++s) {
     if (s < kt_count) issue(s);
     cp_async_commit();
   }
@@ -278,14 +286,18 @@ __global__ void __launch_bounds__(kThreads) stream_wg_kernel(Params p) {
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[mt][e] = 0.f;
-  float ss = 0.f;  // token tid / 8, chunks tid % 8 of both halves
-  const int ss_tok = tid >> 3, ss_c = tid & 7;
+  float ss = 0.f;  // token tid / kTpt, chunks tid % kTpt + kTpt e
+  const int ss_tok = tid / kTpt, ss_c = tid % kTpt;
 
   for (int kt = 0; kt < kt_count; ++kt) {
-    cp_async_wait<STAGES - 2>();
+    cp_async_wait<kAhead - 1>();
     // this thread's cp.async writes, made visible to the async proxy that wgmma reads shared memory through
     if (p.fence) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();  // stage kt landed for every thread; every thread's sums of stage kt - 1 are done
+    if constexpr (WG > 1) {
+      if (kt + kAhead < kt_count) issue(kt + kAhead);  // the slot of k-block kt - 2
+      cp_async_commit();
+    }
     const uint32_t st = s0 + uint32_t(kt % STAGES) * kStageBytes;
     const uint32_t xs = st + kWBytes;
 #pragma unroll
@@ -299,29 +311,32 @@ __global__ void __launch_bounds__(kThreads) stream_wg_kernel(Params p) {
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {  // k16 steps of the 64-wide half: +32 B
-          const uint32_t a = st + uint32_t(h * BN * 128 + mt * 64 * 128 + ks * 32);
+          const uint32_t a = st + uint32_t(h * BN * 128 + (wg * kMT + mt) * 64 * 128 + ks * 32);
           const uint32_t b = xs + uint32_t(h * kTok * 128 + ks * 32);
           wgmma_m64n16k16<T>(acc[mt], wg_desc(a), wg_desc(b));
         }
       }
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    wgmma_wait<1>();  // k-block kt - 1's group is done, so its ring slot may be refilled
+    wgmma_wait<1>();  // this warpgroup's k-block kt - 1 is done
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
       for (int e = 0; e < 8; ++e) fence_operand(acc[mt][e]);
-    if (kt + STAGES - 1 < kt_count) issue(kt + STAGES - 1);
-    cp_async_commit();
+    if constexpr (WG == 1) {
+      if (kt + kAhead < kt_count) issue(kt + kAhead);  // the slot of k-block kt - 1
+      cp_async_commit();
+    }
     {
       const unsigned char* xp = smem + (xs - smem_u32(smem));
-      uint4 v0 = *reinterpret_cast<const uint4*>(xp + swz128(ss_tok, ss_c, kTok));
-      uint4 v1 = *reinterpret_cast<const uint4*>(xp + swz128(ss_tok, ss_c + 8, kTok));
-      float f0[8], f1[8];
-      frms::unpack8<T>(v0, f0);
-      frms::unpack8<T>(v1, f1);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) ss = fmaf(f0[e], f0[e], fmaf(f1[e], f1[e], ss));
+      for (int e = 0; e < kChunks / kTpt; ++e) {
+        const uint4 v = *reinterpret_cast<const uint4*>(xp + swz128(ss_tok, ss_c + kTpt * e, kTok));
+        float f[8];
+        frms::unpack8<T>(v, f);
+#pragma unroll
+        for (int q = 0; q < 8; ++q) ss = fmaf(f[q], f[q], ss);
+      }
     }
   }
   wgmma_wait<0>();
@@ -331,14 +346,13 @@ __global__ void __launch_bounds__(kThreads) stream_wg_kernel(Params p) {
     for (int e = 0; e < 8; ++e) fence_operand(acc[mt][e]);
   cp_async_wait<0>();
 
-  ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-  ss += __shfl_xor_sync(0xffffffffu, ss, 2);
-  ss += __shfl_xor_sync(0xffffffffu, ss, 4);
+#pragma unroll
+  for (int off = 1; off < kTpt; off <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
   if (ss_c == 0) rstd_s[ss_tok] = rsqrtf(ss / float(K) + p.eps);
   __syncthreads();
 
-  // m64n16 accumulator: warp w holds rows 16 w .. 16 w + 15 of the m64 tile; value 4 j + 2 h + e is
-  // (row g + 8 h, token 8 j + 2 t + e)
+  // m64n16 accumulator: warp w of a warpgroup holds rows 16 w .. 16 w + 15 of its m64 tile; value 4 j + 2 h + e
+  // is (row g + 8 h, token 8 j + 2 t + e)
   const int g = lane >> 2, t2 = (lane & 3) * 2;
   const T* bias = static_cast<const T*>(p.bias);
   T* y = static_cast<T*>(p.y);
@@ -346,7 +360,7 @@ __global__ void __launch_bounds__(kThreads) stream_wg_kernel(Params p) {
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t n = n0 + mt * 64 + warp * 16 + g + h * 8;
+      const int64_t n = n0 + (wg * kMT + mt) * 64 + warp * 16 + g + h * 8;
       if (n >= N) continue;
       const float bn = bias ? frms::to_float<T>(bias[n]) : 0.f;
 #pragma unroll
@@ -400,27 +414,33 @@ inline bool wgmma_device() {
   return ok[dev] > 0;
 }
 
-template <typename T, int BN, int STAGES>
+template <typename T, int BN, int STAGES, int WG>
 int launch_wg(const Params& p, cudaStream_t stream) {
   if (!wgmma_device()) return FRMS_ERR_NOT_BUILT;
   constexpr size_t smem = size_t(STAGES) * (BN + kTok) * kBK * 2 + 1024;  // + slack to align the ring to 1 KB
   static bool attr_set[frms::kMaxDevices] = {};
-  if (int e = opt_in_smem(stream_wg_kernel<T, BN, STAGES>, smem, attr_set)) return e;
+  if (int e = opt_in_smem(stream_wg_kernel<T, BN, STAGES, WG>, smem, attr_set)) return e;
   const dim3 grid(unsigned((p.N + BN - 1) / BN));
-  stream_wg_kernel<T, BN, STAGES><<<grid, kThreads, smem, stream>>>(p);
+  stream_wg_kernel<T, BN, STAGES, WG><<<grid, 128 * WG, smem, stream>>>(p);
   return int(cudaGetLastError());
 }
 
 template <typename T>
 int dispatch(const Params& p, int bn, int stages, int wgmma, cudaStream_t stream) {
-  if (wgmma) {
-    if (bn == 128 && stages == 4) return launch_wg<T, 128, 4>(p, stream);
-    if (bn == 128 && stages == 5) return launch_wg<T, 128, 5>(p, stream);
-    if (bn == 128 && stages == 6) return launch_wg<T, 128, 6>(p, stream);
-    if (bn == 64 && stages == 4) return launch_wg<T, 64, 4>(p, stream);
-    if (bn == 64 && stages == 6) return launch_wg<T, 64, 6>(p, stream);
+  if (wgmma == 1) {  // one warpgroup
+    if (bn == 128 && stages == 4) return launch_wg<T, 128, 4, 1>(p, stream);
+    if (bn == 128 && stages == 5) return launch_wg<T, 128, 5, 1>(p, stream);
+    if (bn == 64 && stages == 4) return launch_wg<T, 64, 4, 1>(p, stream);
+    if (bn == 64 && stages == 5) return launch_wg<T, 64, 5, 1>(p, stream);
+    if (bn == 64 && stages == 6) return launch_wg<T, 64, 6, 1>(p, stream);
     return FRMS_ERR_BAD_ARG;
   }
+  if (wgmma == 2) {  // two warpgroups, 64 W' rows each
+    if (bn == 128 && stages == 5) return launch_wg<T, 128, 5, 2>(p, stream);
+    if (bn == 128 && stages == 6) return launch_wg<T, 128, 6, 2>(p, stream);
+    return FRMS_ERR_BAD_ARG;
+  }
+  if (wgmma != 0) return FRMS_ERR_BAD_ARG;
   if (bn == 128 && stages == 4) return launch<T, 128, 4>(p, stream);
   if (bn == 128 && stages == 3) return launch<T, 128, 3>(p, stream);
   if (bn == 64 && stages == 4) return launch<T, 64, 4>(p, stream);

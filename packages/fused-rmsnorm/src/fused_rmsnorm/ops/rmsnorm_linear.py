@@ -132,28 +132,33 @@ def plan(
 MMA_VARIANT_MAX_M = 16
 # "stream" (csrc/decode_stream.cu): decode on the modules' W' only, one 16-token tile; "bn" W' rows per CTA and
 # "stages" of the cp.async ring, the compiled pairs below (default the first). "wgmma": the sm_90a twin (wgmma
-# from shared memory; its own compiled pairs), optionally with "proxy_fence" (fence.proxy.async between each
-# stage's cp.async writes and its wgmma).
+# from shared memory) with "warpgroups" 1 (default) | 2 per CTA, its compiled (bn, stages, warpgroups) below;
+# optionally "proxy_fence" (fence.proxy.async between each stage's cp.async writes and its wgmma).
 STREAM_MAX_M = 16
 STREAM_VARIANTS = ((128, 4), (128, 3), (64, 4), (64, 6))
-STREAM_WG_VARIANTS = ((128, 4), (128, 5), (128, 6), (64, 4), (64, 6))
+STREAM_WG_VARIANTS = ((128, 4, 1), (128, 5, 1), (64, 4, 1), (64, 5, 1), (64, 6, 1), (128, 5, 2), (128, 6, 2))
 
 
 def stream_args(cfg: dict, wgmma_ok: bool = True) -> tuple[int, int, int, int]:
-    """(bn, stages, wgmma, fence) of a "stream" entry: optional keys "bn" and "stages" (a pair of
-    STREAM_VARIANTS, or of STREAM_WG_VARIANTS with "wgmma"), and the booleans "wgmma" and "proxy_fence".
-    wgmma_ok False (no sm_90a kernel in the binary, or not a 9.0 GPU): a wgmma entry runs the mma.sync kernel
-    with the same bn (128: 4 stages, 64: 6)."""
+    """(bn, stages, warpgroups (0: the mma.sync kernel), fence) of a "stream" entry: optional keys "bn" and
+    "stages" (a pair of STREAM_VARIANTS; with "wgmma": true, a triple of STREAM_WG_VARIANTS with "warpgroups"),
+    and the bool "proxy_fence" (wgmma only). wgmma_ok False (no sm_90a kernel in the binary, or not a 9.0 GPU):
+    a wgmma entry runs the mma.sync kernel with the same bn (128: 4 stages, 64: 6)."""
     wg, fence = cfg.get("wgmma", False), cfg.get("proxy_fence", False)
-    table = STREAM_WG_VARIANTS if wg is True else STREAM_VARIANTS
-    v = (cfg.get("bn", table[0][0]), cfg.get("stages", table[0][1]))
-    if not isinstance(wg, bool) or any(isinstance(e, bool) for e in v) or v not in table:
-        raise ValueError(f"stream config (bn, stages) must be one of {table} (wgmma {wg!r}), got {v!r}")
-    if not isinstance(fence, bool) or (fence and not wg):
-        raise ValueError(f"stream config 'proxy_fence' must be a bool and needs 'wgmma', got {fence!r}")
+    if not isinstance(wg, bool) or not isinstance(fence, bool) or (fence and not wg):
+        raise ValueError(f"stream config 'wgmma' / 'proxy_fence' must be bools, the fence with wgmma: {cfg!r}")
+    if wg:
+        d = STREAM_WG_VARIANTS[0]
+        v = (cfg.get("bn", d[0]), cfg.get("stages", d[1]), cfg.get("warpgroups", 1))
+        table = STREAM_WG_VARIANTS
+    else:
+        v = (cfg.get("bn", STREAM_VARIANTS[0][0]), cfg.get("stages", STREAM_VARIANTS[0][1]))
+        table = STREAM_VARIANTS
+    if any(isinstance(e, bool) for e in v) or v not in table or ("warpgroups" in cfg and not wg):
+        raise ValueError(f"stream config must be one of {table} (wgmma {wg}), got {v!r}")
     if wg and not wgmma_ok:
         return int(v[0]), 4 if v[0] == 128 else 6, 0, 0
-    return int(v[0]), int(v[1]), int(wg), int(fence)
+    return int(v[0]), int(v[1]), int(v[2]) if wg else 0, int(fence)
 
 
 # SM90 prefill with a PDL GEMM whose persistent grid leaves SMs idle (e.g. 128 output tiles on 132 SMs):
