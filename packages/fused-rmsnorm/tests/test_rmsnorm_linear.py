@@ -163,11 +163,9 @@ def test_plan_sm90():
         assert p["path"] == "decode_mma" and p["wn"] == 0 and p["ksplit"] == 0, (M, p)
     # session 12: at N14336 9..16 tokens take the swap-AB 64x16 tile computing rstd itself, on 112 CTAs (session
     # 26: its 224 W tiles two per CTA); session 29: the cp.async-ring "stream" kernel at 1..8 tokens of N14336 and
-    # 1..16 of 8192^2 and 5120^2
-    cases = {(16, 14336, 4096): {"path": "gemm", "config": 11, "pdl": True, "ctas": 112},
-             (9, 14336, 4096): {"path": "gemm", "config": 11, "pdl": True, "ctas": 112},
-             (8, 14336, 4096): {"path": "stream", "bn": 128, "stages": 4},
-             (1, 14336, 4096): {"path": "stream", "bn": 128, "stages": 4},
+    # 1..16 of 8192^2 and 5120^2; session 30: its wgmma twin with two warpgroups at 1..16 tokens of N14336
+    wg2 = {"path": "stream", "wgmma": True, "bn": 128, "stages": 5, "warpgroups": 2}
+    cases = {(16, 14336, 4096): wg2, (9, 14336, 4096): wg2, (8, 14336, 4096): wg2, (1, 14336, 4096): wg2,
              (1, 8192, 8192): {"path": "stream", "bn": 64, "stages": 6},
              (16, 8192, 8192): {"path": "stream", "bn": 64, "stages": 6},
              (16, 5120, 5120): {"path": "stream", "bn": 64, "stages": 6}}  # fmt: skip
