@@ -695,6 +695,19 @@ def test_gpu_decode_mma_variant_rejected_for_large_m():
                      0, s, 6, 0)  # fmt: skip
 
 
+def _folded_graph_replay(x, g, w, wf, b):
+    """The module-path op captured in a CUDA graph, its output poisoned with NaN, then replayed: the replay's y."""
+    from fused_rmsnorm.ops import rmsnorm_linear as op
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = op.fused_rmsnorm_linear_folded(x, g, w, wf, b)
+    yg.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    return yg
+
+
 def _stream_cfgs(ext) -> list[dict]:
     """Every compiled "stream" variant (the wgmma ones, with and without the fence, on a 9.0 GPU with them built)."""
     from fused_rmsnorm.ops import rmsnorm_linear as op
@@ -712,7 +725,7 @@ def _stream_cfgs(ext) -> list[dict]:
 @pytest.mark.parametrize("M", [1, 5, 16])
 @pytest.mark.parametrize("D", [136, 2056, 4104])
 def test_gpu_stream_vs_fp32(M, D, dtype, monkeypatch):
-    """The "stream" decode kernel, every (bn, stages) variant of both kernels: K off the 128-wide k-block (D136: 2 blocks, fewer
+    """The "stream" decode kernel, every variant of both kernels: K off the 128-wide k-block (D136: 2 blocks, fewer
     than the ring's stages; D2056 / 4104: a partial last block), N off the row tile (1000), x rows with a
     padded stride and 100x apart in scale (an rstd given to the wrong token cannot pass), with and without
     bias, on an allocator poisoned with NaN, and a CUDA-graph replay. Functional calls must not take it."""
@@ -737,12 +750,7 @@ def test_gpu_stream_vs_fp32(M, D, dtype, monkeypatch):
             torch.cuda.synchronize()
             errs = (y.double() - ref).norm(dim=1) / ref.norm(dim=1)
             assert y.shape == (M, N) and torch.isfinite(y).all() and errs.max() <= 1e-2, (variant, errs.max())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            yg = op.fused_rmsnorm_linear_folded(x, g, w, wf, b)
-        yg.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
+        yg = _folded_graph_replay(x, g, w, wf, b)
         assert torch.isfinite(yg).all() and rel_err(yg, _ref32(x, g, w, b, 1e-6).double()) <= 1e-2, variant
     assert op.plan("sm90", M, N, D, has_gemm=True, folded=False)["path"] != "stream"
 
@@ -762,8 +770,8 @@ def test_gpu_stream_rejects_bad_args():
               K=264, eps=1e-6, bn=128, stages=4, stream=s)  # fmt: skip
     m.decode_stream(**ok)
     torch.cuda.synchronize()
-    for bad in ({"M": 17}, {"K": 260}, {"x": x.data_ptr() + 2}, {"bn": 64, "stages": 3}, {"eps": 0.0},
-                {"fence": 2}, {"wgmma": 1, "stages": 3}, {"wgmma": 3}, {"wgmma": 2, "bn": 64, "stages": 5}):  # fmt: skip
+    for bad in ({"M": 17}, {"K": 260}, {"x": x.data_ptr() + 2}, {"bn": 64, "stages": 3}, {"eps": 0.0}, {"fence": 2},
+                {"wgmma": 1, "stages": 3}, {"wgmma": 3}, {"wgmma": 2, "bn": 64, "stages": 5}):  # fmt: skip
         with pytest.raises(RuntimeError, match="unsupported arguments"):
             m.decode_stream(**{**ok, **bad})
     if not (torch.cuda.get_device_capability() == (9, 0) and m.has_stream_wgmma()):
@@ -1067,12 +1075,7 @@ def test_gpu_sm90_swap_ab_configs(config, M, dtype, monkeypatch):
         torch.cuda.synchronize()
         assert y.shape == (M, N) and torch.isfinite(y).all()
         assert rel_err(y, ref) <= 1e-2, (cfg, M)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        yg = op.fused_rmsnorm_linear_folded(x, g, w, wf, b)
-    yg.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
+    yg = _folded_graph_replay(x, g, w, wf, b)
     assert torch.isfinite(yg).all() and rel_err(yg, ref) <= 1e-2
 
 

@@ -78,6 +78,41 @@ __device__ __forceinline__ uint32_t swz(int row, int chunk) {
   return uint32_t(row) * (kBK * 2) + uint32_t((chunk ^ (row & 7)) * 16);
 }
 
+// rstd of every token into rstd_s from the per-thread sums of squares (kTpt consecutive threads per token), then
+// the block barrier that makes it visible to the epilogue
+template <int kTpt>
+__device__ __forceinline__ void finish_rstd(float ss, int tok, int part, const Params& p, float* rstd_s) {
+#pragma unroll
+  for (int off = 1; off < kTpt; off <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  if (part == 0) rstd_s[tok] = rsqrtf(ss / float(p.K) + p.eps);
+  __syncthreads();
+}
+
+// y for the 16 W' rows r0.. of one accumulator tile in the m16n8 C-fragment layout of both MMAs:
+// c[j][2 h + e] = (row r0 + g + 8 h, token 8 j + 2 t + e), g = lane / 4, t = lane % 4; rows past N and tokens
+// past M are not written
+template <typename T>
+__device__ __forceinline__ void store_rows16(const Params& p, int64_t r0, const float (&c)[2][4], const float* rstd_s,
+                                             int lane) {
+  const int g = lane >> 2, t2 = (lane & 3) * 2;
+  const T* bias = static_cast<const T*>(p.bias);
+  T* y = static_cast<T*>(p.y);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t n = r0 + g + h * 8;
+    if (n >= p.N) continue;
+    const float bn = bias ? frms::to_float<T>(bias[n]) : 0.f;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int tok = j * 8 + t2 + e;
+        if (tok < p.M) y[tok * p.ldy + n] = frms::from_float<T>(c[j][2 * h + e] * rstd_s[tok] + bn);
+      }
+    }
+  }
+}
+
 template <typename T, int BN, int STAGES>
 __global__ void __launch_bounds__(kThreads) stream_kernel(Params p) {
   constexpr int kMT = BN / 64;                       // m16 tiles per warp (each warp owns BN / 4 rows)
@@ -159,33 +194,9 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(Params p) {
   }
   cp_async_wait<0>();
 
-  ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-  ss += __shfl_xor_sync(0xffffffffu, ss, 2);
-  ss += __shfl_xor_sync(0xffffffffu, ss, 4);
-  if (ss_c == 0) rstd_s[ss_tok] = rsqrtf(ss / float(K) + p.eps);
-  __syncthreads();
-
-  // C fragment: c0 / c1 = (row g, tokens 2t, 2t + 1), c2 / c3 = (row g + 8, same tokens)
-  const int g = lane >> 2, t2 = (lane & 3) * 2;
-  const T* bias = static_cast<const T*>(p.bias);
-  T* y = static_cast<T*>(p.y);
+  finish_rstd<8>(ss, ss_tok, ss_c, p, rstd_s);
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t n = n0 + warp * (BN / 4) + mt * 16 + g + h * 8;
-      if (n >= N) continue;
-      const float bn = bias ? frms::to_float<T>(bias[n]) : 0.f;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int tok = nt * 8 + t2 + e;
-          if (tok < M) y[tok * p.ldy + n] = frms::from_float<T>(acc[mt][nt][h * 2 + e] * rstd_s[tok] + bn);
-        }
-      }
-    }
-  }
+  for (int mt = 0; mt < kMT; ++mt) store_rows16<T>(p, n0 + warp * (BN / 4) + mt * 16, acc[mt], rstd_s, lane);
 }
 
 // ------------------------------------------------------------------------------ sm_90a: wgmma from shared memory
@@ -352,33 +363,13 @@ __global__ void __launch_bounds__(128 * WG) stream_wg_kernel(Params p) {
     for (int e = 0; e < 8; ++e) fence_operand(acc[mt][e]);
   cp_async_wait<0>();
 
+  finish_rstd<kTpt>(ss, ss_tok, ss_c, p, rstd_s);
+  // m64n16 accumulator: warp w of a warpgroup holds rows 16 w .. 16 w + 15 of its m64 tile, in the m16n8
+  // C-fragment layout per 8 tokens (value 4 j + 2 h + e)
 #pragma unroll
-  for (int off = 1; off < kTpt; off <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-  if (ss_c == 0) rstd_s[ss_tok] = rsqrtf(ss / float(K) + p.eps);
-  __syncthreads();
-
-  // m64n16 accumulator: warp w of a warpgroup holds rows 16 w .. 16 w + 15 of its m64 tile; value 4 j + 2 h + e
-  // is (row g + 8 h, token 8 j + 2 t + e)
-  const int g = lane >> 2, t2 = (lane & 3) * 2;
-  const T* bias = static_cast<const T*>(p.bias);
-  T* y = static_cast<T*>(p.y);
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t n = n0 + (wg * kMT + mt) * 64 + warp * 16 + g + h * 8;
-      if (n >= N) continue;
-      const float bn = bias ? frms::to_float<T>(bias[n]) : 0.f;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int tok = j * 8 + t2 + e;
-          if (tok < M) y[tok * p.ldy + n] = frms::from_float<T>(acc[mt][4 * j + 2 * h + e] * rstd_s[tok] + bn);
-        }
-      }
-    }
-  }
+  for (int mt = 0; mt < kMT; ++mt)
+    store_rows16<T>(p, n0 + (wg * kMT + mt) * 64 + warp * 16, *reinterpret_cast<const float(*)[2][4]>(acc[mt]),
+                    rstd_s, lane);
 #else
   __trap();  // launched only on sm_90 devices from a binary with sm_90a code (frms_decode_stream checks)
 #endif
