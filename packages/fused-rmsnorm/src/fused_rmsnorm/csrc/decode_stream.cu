@@ -78,6 +78,43 @@ __device__ __forceinline__ uint32_t swz(int row, int chunk) {
   return uint32_t(row) * (kBK * 2) + uint32_t((chunk ^ (row & 7)) * 16);
 }
 
+// byte offset of (row, 16-byte chunk 0..15) of a 128-wide k-block stored as two [rows][128 B] halves
+[[maybe_unused]] __device__ __forceinline__ uint32_t swz128(int row, int chunk, int rows) {
+  return uint32_t(chunk >> 3) * uint32_t(rows * 128) + uint32_t(row) * 128 + uint32_t(((chunk & 7) ^ (row & 7)) * 16);
+}
+
+// Byte offset of (row, chunk) in a stage of either kernel: mma.sync's [rows][256 B] (ldmatrix) or, kHalves,
+// wgmma's two [rows][128 B] halves
+template <bool kHalves>
+__device__ __forceinline__ uint32_t stage_off(int row, int chunk, int rows) {
+  if constexpr (kHalves)
+    return swz128(row, chunk, rows);
+  else
+    return swz(row, chunk);
+}
+
+// One ring stage: BN rows of W' from row n0 and the 16 token rows of x, k-block at k0, into shared address st (x after
+// the W' part) by NT threads; 16 consecutive threads load one row's 256 B; rows / tokens / k past the end are zeros
+template <typename T, int BN, int NT, bool kHalves>
+__device__ __forceinline__ void load_stage(const Params& p, uint32_t st, int64_t k0, int64_t n0, int tid) {
+  const T* __restrict__ w = static_cast<const T*>(p.w);
+  const T* __restrict__ x = static_cast<const T*>(p.x);
+#pragma unroll
+  for (int j = 0; j < BN * kChunks / NT; ++j) {
+    const int i = tid + j * NT, row = i / kChunks, c = i % kChunks;
+    const int64_t n = n0 + row, k = k0 + c * 8;
+    const bool ok = n < p.N && k < p.K;
+    cp_async16(st + stage_off<kHalves>(row, c, BN), ok ? w + n * p.ldw + k : w, ok ? 16 : 0);
+  }
+#pragma unroll
+  for (int j = 0; j < kTok * kChunks / NT; ++j) {
+    const int i = tid + j * NT, t = i / kChunks, c = i % kChunks;
+    const int64_t k = k0 + c * 8;
+    const bool ok = t < p.M && k < p.K;
+    cp_async16(st + BN * kBK * 2 + stage_off<kHalves>(t, c, kTok), ok ? x + t * p.ldx + k : x, ok ? 16 : 0);
+  }
+}
+
 // rstd of every token into rstd_s from the per-thread sums of squares (kTpt consecutive threads per token), then
 // the block barrier that makes it visible to the epilogue
 template <int kTpt>
@@ -124,29 +161,11 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(Params p) {
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t n0 = int64_t(blockIdx.x) * BN;
-  const int64_t M = p.M, N = p.N, K = p.K;
+  const int64_t K = p.K;
   const int kt_count = int((K + kBK - 1) / kBK);
   const uint32_t s0 = smem_u32(smem);
-  const T* __restrict__ w = static_cast<const T*>(p.w);
-  const T* __restrict__ x = static_cast<const T*>(p.x);
-
   auto issue = [&](int kt) {
-    const uint32_t st = s0 + uint32_t(kt % STAGES) * kStageBytes;
-    const int64_t k0 = int64_t(kt) * kBK;
-#pragma unroll
-    for (int j = 0; j < BN * kChunks / kThreads; ++j) {  // consecutive threads: consecutive 16 B of a row
-      const int i = tid + j * kThreads, row = i / kChunks, c = i % kChunks;
-      const int64_t n = n0 + row, k = k0 + c * 8;
-      const bool ok = n < N && k < K;
-      cp_async16(st + swz(row, c), ok ? w + n * p.ldw + k : w, ok ? 16 : 0);
-    }
-#pragma unroll
-    for (int j = 0; j < kTok * kChunks / kThreads; ++j) {
-      const int i = tid + j * kThreads, t = i / kChunks, c = i % kChunks;
-      const int64_t k = k0 + c * 8;
-      const bool ok = t < M && k < K;
-      cp_async16(st + kWBytes + swz(t, c), ok ? x + t * p.ldx + k : x, ok ? 16 : 0);
-    }
+    load_stage<T, BN, kThreads, false>(p, s0 + uint32_t(kt % STAGES) * kStageBytes, int64_t(kt) * kBK, n0, tid);
   };
 
 #pragma unroll
@@ -208,10 +227,6 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(Params p) {
   return uint64_t((saddr & 0x3FFFF) >> 4) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 
-// byte offset of (row, 16-byte chunk 0..15) of a 128-wide k-block stored as two [rows][128 B] halves
-[[maybe_unused]] __device__ __forceinline__ uint32_t swz128(int row, int chunk, int rows) {
-  return uint32_t(chunk >> 3) * uint32_t(rows * 128) + uint32_t(row) * 128 + uint32_t(((chunk & 7) ^ (row & 7)) * 16);
-}
 
 template <typename T>
 __device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], uint64_t da, uint64_t db) {
@@ -262,29 +277,11 @@ __global__ void __launch_bounds__(128 * WG) stream_wg_kernel(Params p) {
   // up to 7% slower when it was computed)
   const int tid = threadIdx.x, lane = tid & 31, warp = WG == 1 ? tid >> 5 : (tid >> 5) & 3, wg = WG == 1 ? 0 : tid >> 7;
   const int64_t n0 = int64_t(blockIdx.x) * BN;
-  const int64_t M = p.M, N = p.N, K = p.K;
+  const int64_t K = p.K;
   const int kt_count = int((K + kBK - 1) / kBK);
   const uint32_t s0 = (smem_u32(smem) + 1023u) & ~1023u;  // the launch adds 1 KB of slack for this
-  const T* __restrict__ w = static_cast<const T*>(p.w);
-  const T* __restrict__ x = static_cast<const T*>(p.x);
-
   auto issue = [&](int kt) {
-    const uint32_t st = s0 + uint32_t(kt % STAGES) * kStageBytes;
-    const int64_t k0 = int64_t(kt) * kBK;
-#pragma unroll
-    for (int j = 0; j < BN * kChunks / kNT; ++j) {  // 16 consecutive threads: one row's 256 B
-      const int i = tid + j * kNT, row = i / kChunks, c = i % kChunks;
-      const int64_t n = n0 + row, k = k0 + c * 8;
-      const bool ok = n < N && k < K;
-      cp_async16(st + swz128(row, c, BN), ok ? w + n * p.ldw + k : w, ok ? 16 : 0);
-    }
-#pragma unroll
-    for (int j = 0; j < kTok * kChunks / kNT; ++j) {
-      const int i = tid + j * kNT, t = i / kChunks, c = i % kChunks;
-      const int64_t k = k0 + c * 8;
-      const bool ok = t < M && k < K;
-      cp_async16(st + kWBytes + swz128(t, c, kTok), ok ? x + t * p.ldx + k : x, ok ? 16 : 0);
-    }
+    load_stage<T, BN, kNT, true>(p, s0 + uint32_t(kt % STAGES) * kStageBytes, int64_t(kt) * kBK, n0, tid);
   };
   constexpr int kAhead = WG == 1 ? STAGES - 1 : STAGES - 2;  // k-blocks in flight
 
