@@ -9,7 +9,9 @@ variants at the decode shapes of the suite and its neighbours, after a check aga
 far apart in scale), in interleaved rounds (CUDA graphs, weight sets rotated out of L2). Prints a table last.
 
 Session 30 added the sm_90a twin (wgmma from shared memory, what the Triton prototype compiles to), with and
-without the proxy fence: VARIANTS names each forced entry; PROBE_VARIANTS="name,name" picks some.
+without the proxy fence: VARIANTS names each forced entry; PROBE_VARIANTS="name,name" picks some. Session 31:
+variants with fewer W' rows per CTA than bn ("rows", named "... rN") so N / rows CTAs cover more of the SMs
+(N 14336: 128 CTAs of 112 rows; 5120: 128 of 40).
 """
 
 from __future__ import annotations
@@ -38,8 +40,14 @@ _plan = op.plan
 FORCE: list = [None]
 _WG = {"wgmma": True}
 VARIANTS = {f"sync {bn}x{st}": {"bn": bn, "stages": st} for bn, st in ((128, 4), (64, 6))}
-VARIANTS.update({f"wg{g} {bn}x{st}": {**_WG, "bn": bn, "stages": st, "warpgroups": g}
-                 for bn, st, g in op.STREAM_WG_VARIANTS})  # fmt: skip
+for bn, st, g, r in op.STREAM_WG_VARIANTS:
+    VARIANTS[f"wg{g} {bn}x{st}" + (f" r{r}" if r != bn else "")] = {
+        **_WG,
+        "bn": bn,
+        "stages": st,
+        "warpgroups": g,
+        "rows": r,
+    }
 # timed only when PROBE_VARIANTS names it (session 30's run 2: the fence cost 0-0.8 us)
 EXTRA = {"wg1 64x4 fence": {**_WG, "bn": 64, "stages": 4, "proxy_fence": True}}
 if os.environ.get("PROBE_VARIANTS"):

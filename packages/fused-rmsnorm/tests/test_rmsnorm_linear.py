@@ -163,12 +163,13 @@ def test_plan_sm90():
         assert p["path"] == "decode_mma" and p["wn"] == 0 and p["ksplit"] == 0, (M, p)
     # session 12: at N14336 9..16 tokens take the swap-AB 64x16 tile computing rstd itself, on 112 CTAs (session
     # 26: its 224 W tiles two per CTA); session 29: the cp.async-ring "stream" kernel at 1..8 tokens of N14336 and
-    # 1..16 of 8192^2 and 5120^2; session 30: its wgmma twin with two warpgroups at 1..16 tokens of N14336
+    # 1..16 of 8192^2 and 5120^2; session 30: its wgmma twin with two warpgroups at 1..16 tokens of N14336;
+    # session 31: at 5120^2 the one-warpgroup wgmma kernel on 40 W' rows per CTA (128 CTAs)
     wg2 = {"path": "stream", "wgmma": True, "bn": 128, "stages": 5, "warpgroups": 2}
     cases = {(16, 14336, 4096): wg2, (9, 14336, 4096): wg2, (8, 14336, 4096): wg2, (1, 14336, 4096): wg2,
              (1, 8192, 8192): {"path": "stream", "bn": 64, "stages": 6},
              (16, 8192, 8192): {"path": "stream", "bn": 64, "stages": 6},
-             (16, 5120, 5120): {"path": "stream", "bn": 64, "stages": 6}}  # fmt: skip
+             (16, 5120, 5120): {"path": "stream", "wgmma": True, "bn": 64, "stages": 8, "rows": 40}}  # fmt: skip
     for (M, N, K), want in cases.items():
         assert plan("sm90", M, N, K, has_gemm=True) == want, (M, N, K)
         # functional calls (no folded W') keep the decode kernel there: the GEMM would pay a per-call x * g, and
@@ -333,16 +334,20 @@ def test_plan_stream_entry_and_fallbacks(monkeypatch):
     entry = {"path": "stream", "bn": 64, "stages": 6}
     monkeypatch.setattr(op._TUNING, "lookup", lambda *a, **k: dict(entry))
     p = plan("sm90", 16, 14336, 4096, has_gemm=True)
-    assert p == {"path": "stream", "bn": 64, "stages": 6} and op.stream_args(p) == (64, 6, 0, 0)
+    assert p == {"path": "stream", "bn": 64, "stages": 6} and op.stream_args(p) == (64, 6, 0, 0, 64)
     assert plan("sm90", 16, 14336, 4096, has_gemm=True, folded=False) == {"path": "decode_mma", "wn": 0, "ksplit": 0}
     assert plan("sm90", 17, 14336, 4096, has_gemm=True)["path"] == "decode_mma"
     assert plan("sm90", 8, 14336, 4096, has_gemm=True, has_mma=False)["path"] == "decode"
     entry["fn"] = {"path": "decode_mma", "wn": 8, "ksplit": 2, "wload": 1}
     assert plan("sm90", 16, 14336, 4096, has_gemm=True, folded=False)["wn"] == 8
-    assert op.stream_args({"path": "stream"}) == (*op.STREAM_VARIANTS[0], 0, 0)
+    assert op.stream_args({"path": "stream"}) == (*op.STREAM_VARIANTS[0], 0, 0, op.STREAM_VARIANTS[0][0])
     for bad in ({"bn": 96}, {"bn": 128, "stages": 6}, {"stages": True}, {"wgmma": 1}, {"proxy_fence": True},
                 {"wgmma": True, "bn": 128, "stages": 3}, {"wgmma": True, "proxy_fence": 1}, {"warpgroups": 2},
-                {"wgmma": True, "bn": 64, "stages": 5, "warpgroups": 2}):  # fmt: skip
+                {"wgmma": True, "bn": 64, "stages": 5, "warpgroups": 2}, {"bn": 128, "rows": 112},
+                {"wgmma": True, "bn": 128, "stages": 5, "warpgroups": 2, "rows": 96},
+                {"wgmma": True, "bn": 64, "stages": 4, "rows": 72}, {"wgmma": True, "bn": 64, "rows": True},
+                {"wgmma": True, "bn": 128, "stages": 7, "warpgroups": 2},
+                {"wgmma": True, "bn": 64, "stages": 12}):  # fmt: skip
         with pytest.raises(ValueError, match="stream config"):
             op.stream_args(bad)
 
@@ -353,13 +358,20 @@ def test_stream_args_wgmma():
     from fused_rmsnorm.ops import rmsnorm_linear as op
 
     cfg = {"path": "stream", "wgmma": True, "bn": 128, "stages": 6, "warpgroups": 2, "proxy_fence": True}
-    assert op.stream_args(cfg) == (128, 6, 2, 1)
-    assert op.stream_args(cfg, wgmma_ok=False) == (128, 4, 0, 0)
-    assert op.stream_args({"wgmma": True, "bn": 64, "stages": 5}, wgmma_ok=False) == (64, 6, 0, 0)
-    assert op.stream_args({"wgmma": True}) == (*op.STREAM_WG_VARIANTS[0], 0)
-    for bn, st, wg in op.STREAM_WG_VARIANTS:
-        assert op.stream_args({"wgmma": True, "bn": bn, "stages": st, "warpgroups": wg}) == (bn, st, wg, 0)
-        assert (bn * 256 + 4096) * st + 1024 <= 227 * 1024  # the ring fits an H100 / H200 CTA's shared memory
+    assert op.stream_args(cfg) == (128, 6, 2, 1, 128)
+    assert op.stream_args(cfg, wgmma_ok=False) == (128, 4, 0, 0, 128)
+    assert op.stream_args({**cfg, "rows": 112}) == (128, 6, 2, 1, 112)
+    assert op.stream_args({**cfg, "rows": 112}, wgmma_ok=False) == (128, 4, 0, 0, 128)  # mma.sync: bn rows
+    assert op.stream_args({"wgmma": True, "bn": 64, "stages": 5}, wgmma_ok=False) == (64, 6, 0, 0, 64)
+    d = op.STREAM_WG_VARIANTS[0]
+    assert op.stream_args({"wgmma": True}) == (*d[:3], 0, d[3])
+    for bn, st, wg, rows in op.STREAM_WG_VARIANTS:
+        assert op.stream_args({"wgmma": True, "bn": bn, "stages": st, "warpgroups": wg, "rows": rows}) == (
+            bn, st, wg, 0, rows)  # fmt: skip
+        # the kernel's ring (csrc/decode_stream.cu launch_wg) within an H100 / H200 CTA's 227 KB opt-in, less
+        # the static part; rows past ROWS read the stage's next rows (ROWS >= bn - 32); 16 rows per warpgroup
+        # and load step (ROWS * 16 B chunks a multiple of the threads)
+        assert st * (rows + 16) * 256 + 1024 <= 226 * 1024 and bn - 32 <= rows <= bn and rows * 16 % (128 * wg) == 0
 
 
 def test_plan_decode_mma_fallbacks():
@@ -714,8 +726,8 @@ def _stream_cfgs(ext) -> list[dict]:
 
     cfgs = [{"path": "stream", "bn": bn, "stages": st} for bn, st in op.STREAM_VARIANTS]
     if torch.cuda.get_device_capability() == (9, 0) and ext.has_stream_wgmma:
-        wg = [{"path": "stream", "wgmma": True, "bn": bn, "stages": st, "warpgroups": g}
-              for bn, st, g in op.STREAM_WG_VARIANTS]  # fmt: skip
+        wg = [{"path": "stream", "wgmma": True, "bn": bn, "stages": st, "warpgroups": g, "rows": r}
+              for bn, st, g, r in op.STREAM_WG_VARIANTS]  # fmt: skip
         cfgs += wg + [{**wg[0], "proxy_fence": True}, {**wg[-1], "proxy_fence": True}]
     return cfgs
 
@@ -771,10 +783,19 @@ def test_gpu_stream_rejects_bad_args():
     m.decode_stream(**ok)
     torch.cuda.synchronize()
     for bad in ({"M": 17}, {"K": 260}, {"x": x.data_ptr() + 2}, {"bn": 64, "stages": 3}, {"eps": 0.0}, {"fence": 2},
-                {"wgmma": 1, "stages": 3}, {"wgmma": 3}, {"wgmma": 2, "bn": 64, "stages": 5}):  # fmt: skip
+                {"wgmma": 1, "stages": 3}, {"wgmma": 3}, {"wgmma": 2, "bn": 64, "stages": 5},
+                {"rows": 120}):  # fmt: skip
         with pytest.raises(RuntimeError, match="unsupported arguments"):
             m.decode_stream(**{**ok, **bad})
-    if not (torch.cuda.get_device_capability() == (9, 0) and m.has_stream_wgmma()):
+    if torch.cuda.get_device_capability() == (9, 0) and m.has_stream_wgmma():
+        m.decode_stream(**{**ok, "wgmma": 2, "stages": 7, "rows": 112})
+        torch.cuda.synchronize()
+        for bad in ({"rows": 120}, {"rows": 136}, {"stages": 7, "rows": 128}):  # row counts not compiled
+            with pytest.raises(RuntimeError, match="unsupported arguments"):
+                m.decode_stream(**{**ok, "wgmma": 2, "stages": 5, **bad})
+        with pytest.raises(RuntimeError, match="unsupported arguments"):
+            m.decode_stream(**{**ok, "wgmma": 1, "bn": 64, "stages": 12, "rows": 64})
+    else:
         with pytest.raises(RuntimeError, match="decode_stream"):  # no sm_90a kernel to run: refused, not launched
             m.decode_stream(**{**ok, "wgmma": 1})
 

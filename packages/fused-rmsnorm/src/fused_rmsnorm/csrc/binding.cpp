@@ -130,23 +130,24 @@ PYBIND11_MODULE(_C, m) {
       "decode_stream",
       [](int dtype, std::uintptr_t x, int64_t ldx, std::uintptr_t w, int64_t ldw, std::uintptr_t bias,
          std::uintptr_t y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int bn, int stages,
-         std::uintptr_t stream, int wgmma, int fence) {
+         std::uintptr_t stream, int wgmma, int fence, int rows) {
 #if FRMS_HAVE_MMA
         check(frms_decode_stream(dtype, cptr(x), ldx, cptr(w), ldw, bias ? cptr(bias) : nullptr, mptr(y), ldy, M, N,
-                                 K, eps, bn, stages, wgmma, fence, mptr(stream)),
+                                 K, eps, bn, stages, wgmma, fence, rows, mptr(stream)),
               "decode_stream");
 #else
         check(FRMS_ERR_NOT_BUILT, "decode_stream");
 #endif
       },
-      "Decode on the folded W' = W * g (sm_80+, M <= 16): one CTA per bn W' rows over all of K, a cp.async ring of "
-      "`stages` 128-wide k-blocks of W' and x, rstd from the same x tiles. wgmma 0: mma.sync, (bn, stages) "
-      "(128, 4) | (128, 3) | (64, 4) | (64, 6); wgmma 1 / 2 warpgroups (has_stream_wgmma() and a 9.0 GPU): wgmma, "
-      "(128, 4) | (128, 5) | (64, 4) | (64, 5) | (64, 6) for 1, (128, 5) | (128, 6) for 2; fence 1 (wgmma only): "
-      "fence.proxy.async before each stage's wgmma. K, ldx, ldw multiples of 8; x and w 16-byte aligned.",
+      "Decode on the folded W' = W * g (sm_80+, M <= 16): one CTA per `rows` W' rows over all of K, a cp.async ring "
+      "of `stages` 128-wide k-blocks of W' and x, rstd from the same x tiles. wgmma 0: mma.sync, (bn, stages) "
+      "(128, 4) | (128, 3) | (64, 4) | (64, 6), rows = bn; wgmma 1 / 2 warpgroups (has_stream_wgmma() and a 9.0 "
+      "GPU): wgmma, (bn, stages, rows) (128, 4 | 5, 128) | (64, 4 | 5 | 6 | 8, 64) | (64, 4 | 8 | 12, 40) for 1, "
+      "(128, 5 | 6, 128) | (128, 5 | 6 | 7, 112) for 2; rows 0 = bn; fence 1 (wgmma only): fence.proxy.async "
+      "before each stage's wgmma. K, ldx, ldw multiples of 8; x and w 16-byte aligned.",
       py::arg("dtype"), py::arg("x"), py::arg("ldx"), py::arg("w"), py::arg("ldw"), py::arg("bias"), py::arg("y"),
       py::arg("ldy"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("eps"), py::arg("bn") = 128,
-      py::arg("stages") = 4, py::arg("stream") = 0, py::arg("wgmma") = 0, py::arg("fence") = 0);
+      py::arg("stages") = 4, py::arg("stream") = 0, py::arg("wgmma") = 0, py::arg("fence") = 0, py::arg("rows") = 0);
 
   m.def(
       "rstd",

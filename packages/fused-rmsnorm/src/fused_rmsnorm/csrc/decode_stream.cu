@@ -93,25 +93,28 @@ __device__ __forceinline__ uint32_t stage_off(int row, int chunk, int rows) {
     return swz(row, chunk);
 }
 
-// One ring stage: BN rows of W' from row n0 and the 16 token rows of x, k-block at k0, into shared address st (x after
-// the W' part) by NT threads; 16 consecutive threads load one row's 256 B; rows / tokens / k past the end are zeros
-template <typename T, int BN, int NT, bool kHalves>
+// One ring stage: ROWS rows of W' from row n0 and the 16 token rows of x, k-block at k0, into shared address st (x
+// after the W' part) by NT threads; 16 consecutive threads load one row's 256 B; rows / tokens / k past the end are
+// zeros. ROWS is a compile-time constant and a multiple of NT / 16: a runtime row count, or a per-row test, put a
+// branch around every cp.async and made the wgmma kernel 35-75% slower (session 31, H200).
+template <typename T, int ROWS, int NT, bool kHalves>
 __device__ __forceinline__ void load_stage(const Params& p, uint32_t st, int64_t k0, int64_t n0, int tid) {
+  static_assert((ROWS * kChunks) % NT == 0);
   const T* __restrict__ w = static_cast<const T*>(p.w);
   const T* __restrict__ x = static_cast<const T*>(p.x);
 #pragma unroll
-  for (int j = 0; j < BN * kChunks / NT; ++j) {
+  for (int j = 0; j < ROWS * kChunks / NT; ++j) {
     const int i = tid + j * NT, row = i / kChunks, c = i % kChunks;
     const int64_t n = n0 + row, k = k0 + c * 8;
     const bool ok = n < p.N && k < p.K;
-    cp_async16(st + stage_off<kHalves>(row, c, BN), ok ? w + n * p.ldw + k : w, ok ? 16 : 0);
+    cp_async16(st + stage_off<kHalves>(row, c, ROWS), ok ? w + n * p.ldw + k : w, ok ? 16 : 0);
   }
 #pragma unroll
   for (int j = 0; j < kTok * kChunks / NT; ++j) {
     const int i = tid + j * NT, t = i / kChunks, c = i % kChunks;
     const int64_t k = k0 + c * 8;
     const bool ok = t < p.M && k < p.K;
-    cp_async16(st + BN * kBK * 2 + stage_off<kHalves>(t, c, kTok), ok ? x + t * p.ldx + k : x, ok ? 16 : 0);
+    cp_async16(st + ROWS * kBK * 2 + stage_off<kHalves>(t, c, kTok), ok ? x + t * p.ldx + k : x, ok ? 16 : 0);
   }
 }
 
@@ -126,18 +129,18 @@ __device__ __forceinline__ void finish_rstd(float ss, int tok, int part, const P
 }
 
 // y for the 16 W' rows r0.. of one accumulator tile in the m16n8 C-fragment layout of both MMAs:
-// c[j][2 h + e] = (row r0 + g + 8 h, token 8 j + 2 t + e), g = lane / 4, t = lane % 4; rows past N and tokens
-// past M are not written
+// c[j][2 h + e] = (row r0 + g + 8 h, token 8 j + 2 t + e), g = lane / 4, t = lane % 4; rows from r_end (N, or the
+// end of the CTA's rows) and tokens past M are not written
 template <typename T>
-__device__ __forceinline__ void store_rows16(const Params& p, int64_t r0, const float (&c)[2][4], const float* rstd_s,
-                                             int lane) {
+__device__ __forceinline__ void store_rows16(const Params& p, int64_t r0, int64_t r_end, const float (&c)[2][4],
+                                             const float* rstd_s, int lane) {
   const int g = lane >> 2, t2 = (lane & 3) * 2;
   const T* bias = static_cast<const T*>(p.bias);
   T* y = static_cast<T*>(p.y);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t n = r0 + g + h * 8;
-    if (n >= p.N) continue;
+    if (n >= r_end) continue;
     const float bn = bias ? frms::to_float<T>(bias[n]) : 0.f;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -215,7 +218,7 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(Params p) {
 
   finish_rstd<8>(ss, ss_tok, ss_c, p, rstd_s);
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) store_rows16<T>(p, n0 + warp * (BN / 4) + mt * 16, acc[mt], rstd_s, lane);
+  for (int mt = 0; mt < kMT; ++mt) store_rows16<T>(p, n0 + warp * (BN / 4) + mt * 16, p.N, acc[mt], rstd_s, lane);
 }
 
 // ------------------------------------------------------------------------------ sm_90a: wgmma from shared memory
@@ -260,12 +263,17 @@ __device__ __forceinline__ void wgmma_wait() {
 // once this warpgroup's wgmma of the previous k-block retired (STAGES - 1 blocks in flight). WG 2: a warpgroup
 // cannot see the other's wgmma retire, so the loads go out after the top barrier into the slot of k-block kt - 2,
 // which both retired one iteration earlier (STAGES - 2 in flight; twice the warps to hide each one's latency).
-template <typename T, int BN, int STAGES, int WG>
+// ROWS <= BN: the W' rows a CTA owns and loads (session 31). Fewer than BN put more CTAs on the SMs (N 14336: 128 CTAs
+// of 112 rows instead of 112 of 128) and shrink the stage, [2 halves][ROWS][128 B] of W' then x's [2][16][128 B];
+// the wgmma tiles' rows from ROWS to BN then read the stage's next rows, which reach only those rows of the
+// accumulator (finite or not), and those are not stored.
+template <typename T, int BN, int STAGES, int WG, int ROWS>
 __global__ void __launch_bounds__(128 * WG) stream_wg_kernel(Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kNT = 128 * WG;          // threads
   constexpr int kMT = BN / 64 / WG;      // m64 tiles per warpgroup: wgmma's M is 64 W' rows
-  constexpr int kWBytes = BN * kBK * 2;
+  static_assert(ROWS <= BN && ROWS + 32 >= BN && ROWS % 8 == 0);  // the tile's rows past ROWS stay in the stage
+  constexpr int kWBytes = ROWS * kBK * 2;
   constexpr int kStageBytes = kWBytes + kTok * kBK * 2;  // a multiple of 1024: every tile stays 1024-aligned
   constexpr int kTpt = kNT / kTok;       // threads per token in the sum of squares
   static_assert(kMT >= 1 && BN % (64 * WG) == 0 && (BN * kChunks) % kNT == 0 && kStageBytes % 1024 == 0);
@@ -276,12 +284,12 @@ __global__ void __launch_bounds__(128 * WG) stream_wg_kernel(Params p) {
   // wg: a constant 0 for one warpgroup (the compiler cannot know tid < 128; session 30: 72 -> 96 registers and
   // up to 7% slower when it was computed)
   const int tid = threadIdx.x, lane = tid & 31, warp = WG == 1 ? tid >> 5 : (tid >> 5) & 3, wg = WG == 1 ? 0 : tid >> 7;
-  const int64_t n0 = int64_t(blockIdx.x) * BN;
+  const int64_t n0 = int64_t(blockIdx.x) * ROWS;
   const int64_t K = p.K;
   const int kt_count = int((K + kBK - 1) / kBK);
   const uint32_t s0 = (smem_u32(smem) + 1023u) & ~1023u;  // the launch adds 1 KB of slack for this
   auto issue = [&](int kt) {
-    load_stage<T, BN, kNT, true>(p, s0 + uint32_t(kt % STAGES) * kStageBytes, int64_t(kt) * kBK, n0, tid);
+    load_stage<T, ROWS, kNT, true>(p, s0 + uint32_t(kt % STAGES) * kStageBytes, int64_t(kt) * kBK, n0, tid);
   };
   constexpr int kAhead = WG == 1 ? STAGES - 1 : STAGES - 2;  // k-blocks in flight
 
@@ -321,7 +329,7 @@ __global__ void __launch_bounds__(128 * WG) stream_wg_kernel(Params p) {
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {  // k16 steps of the 64-wide half: +32 B
-          const uint32_t a = st + uint32_t(h * BN * 128 + (wg * kMT + mt) * 64 * 128 + ks * 32);
+          const uint32_t a = st + uint32_t(h * ROWS * 128 + (wg * kMT + mt) * 64 * 128 + ks * 32);
           const uint32_t b = xs + uint32_t(h * kTok * 128 + ks * 32);
           wgmma_m64n16k16<T>(acc[mt], wg_desc(a), wg_desc(b));
         }
@@ -361,12 +369,56 @@ __global__ void __launch_bounds__(128 * WG) stream_wg_kernel(Params p) {
   cp_async_wait<0>();
 
   finish_rstd<kTpt>(ss, ss_tok, ss_c, p, rstd_s);
+  const int64_t r_end = ROWS == BN || n0 + ROWS > p.N ? p.N : n0 + ROWS;
   // m64n16 accumulator: warp w of a warpgroup holds rows 16 w .. 16 w + 15 of its m64 tile, in the m16n8
   // C-fragment layout per 8 tokens (value 4 j + 2 h + e)
+  if constexpr (WG == 2) {
+    // y through shared memory (the ring is idle now): [16 tokens][ROWS + 8] (padded: the 4 tokens of a store
+    // land in different banks), then each token's ROWS outputs leave as 16-byte stores instead of 2-byte ones.
+    // Session 31, H200, B16 D4096 N14336 (2 warpgroups, 128 x 5): 30.78 us against 31.02 with the direct stores
+    // (F.linear 30.80), M1 / M8 unchanged; not measured for one warpgroup, which keeps the direct stores.
+    constexpr int kLd = ROWS + 8;
+    T* ys = reinterpret_cast<T*>(smem + (s0 - smem_u32(smem)));
+    const T* bias = static_cast<const T*>(p.bias);
+    const int g = lane >> 2, t2 = (lane & 3) * 2;
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-    store_rows16<T>(p, n0 + (wg * kMT + mt) * 64 + warp * 16, *reinterpret_cast<const float(*)[2][4]>(acc[mt]),
-                    rstd_s, lane);
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = (wg * kMT + mt) * 64 + warp * 16 + g + h * 8;  // the CTA's row
+        if (r >= ROWS) continue;  // past the CTA's rows (ROWS < BN): not its outputs
+        const int64_t n = n0 + r;
+        const float bn = bias && n < p.N ? frms::to_float<T>(bias[n]) : 0.f;
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int tok = j * 8 + t2 + e;
+            ys[tok * kLd + r] = frms::from_float<T>(acc[mt][4 * j + 2 * h + e] * rstd_s[tok] + bn);
+          }
+      }
+    }
+    __syncthreads();
+    T* y = static_cast<T*>(p.y);
+    const bool vec = p.ldy % 8 == 0 && (reinterpret_cast<uintptr_t>(y) & 15) == 0;
+    for (int i = tid; i < kTok * (ROWS / 8); i += kNT) {
+      const int tok = i / (ROWS / 8), r = (i % (ROWS / 8)) * 8;
+      const int64_t n = n0 + r;
+      if (tok >= p.M || n >= r_end) continue;
+      const T* src = ys + tok * kLd + r;
+      T* dst = y + tok * p.ldy + n;
+      if (vec && n + 8 <= r_end) {
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+      } else {
+        for (int e = 0; e < 8 && n + e < r_end; ++e) dst[e] = src[e];
+      }
+    }
+  } else {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+      store_rows16<T>(p, n0 + (wg * kMT + mt) * 64 + warp * 16, r_end,
+                      *reinterpret_cast<const float(*)[2][4]>(acc[mt]), rstd_s, lane);
+  }
 #else
   __trap();  // launched only on sm_90 devices from a binary with sm_90a code (frms_decode_stream checks)
 #endif
@@ -408,33 +460,43 @@ inline bool wgmma_device() {
   return ok[dev] > 0;
 }
 
-template <typename T, int BN, int STAGES, int WG>
+template <typename T, int BN, int STAGES, int WG, int ROWS = BN>
 int launch_wg(const Params& p, cudaStream_t stream) {
   if (!wgmma_device()) return FRMS_ERR_NOT_BUILT;
-  constexpr size_t smem = size_t(STAGES) * (BN + kTok) * kBK * 2 + 1024;  // + slack to align the ring to 1 KB
+  constexpr size_t smem = size_t(STAGES) * (ROWS + kTok) * kBK * 2 + 1024;  // + slack to align the ring to 1 KB
+  static_assert(smem <= 226 * 1024);  // an H100 / H200 CTA's 227 KB opt-in, less the static part
   static bool attr_set[frms::kMaxDevices] = {};
-  if (int e = opt_in_smem(stream_wg_kernel<T, BN, STAGES, WG>, smem, attr_set)) return e;
-  const dim3 grid(unsigned((p.N + BN - 1) / BN));
-  stream_wg_kernel<T, BN, STAGES, WG><<<grid, 128 * WG, smem, stream>>>(p);
+  if (int e = opt_in_smem(stream_wg_kernel<T, BN, STAGES, WG, ROWS>, smem, attr_set)) return e;
+  const dim3 grid(unsigned((p.N + ROWS - 1) / ROWS));
+  stream_wg_kernel<T, BN, STAGES, WG, ROWS><<<grid, 128 * WG, smem, stream>>>(p);
   return int(cudaGetLastError());
 }
 
+// rows: W' rows per CTA (0 = bn; the wgmma kernel's ROWS)
 template <typename T>
-int dispatch(const Params& p, int bn, int stages, int wgmma, cudaStream_t stream) {
+int dispatch(const Params& p, int bn, int stages, int wgmma, int rows, cudaStream_t stream) {
+  if (rows == 0) rows = bn;
   if (wgmma == 1) {  // one warpgroup
-    if (bn == 128 && stages == 4) return launch_wg<T, 128, 4, 1>(p, stream);
-    if (bn == 128 && stages == 5) return launch_wg<T, 128, 5, 1>(p, stream);
-    if (bn == 64 && stages == 4) return launch_wg<T, 64, 4, 1>(p, stream);
-    if (bn == 64 && stages == 5) return launch_wg<T, 64, 5, 1>(p, stream);
-    if (bn == 64 && stages == 6) return launch_wg<T, 64, 6, 1>(p, stream);
+    if (bn == 128 && stages == 4 && rows == 128) return launch_wg<T, 128, 4, 1>(p, stream);
+    if (bn == 128 && stages == 5 && rows == 128) return launch_wg<T, 128, 5, 1>(p, stream);
+    if (bn == 64 && stages == 4 && rows == 64) return launch_wg<T, 64, 4, 1>(p, stream);
+    if (bn == 64 && stages == 5 && rows == 64) return launch_wg<T, 64, 5, 1>(p, stream);
+    if (bn == 64 && stages == 6 && rows == 64) return launch_wg<T, 64, 6, 1>(p, stream);
+    if (bn == 64 && stages == 8 && rows == 64) return launch_wg<T, 64, 8, 1>(p, stream);
+    if (bn == 64 && stages == 4 && rows == 40) return launch_wg<T, 64, 4, 1, 40>(p, stream);
+    if (bn == 64 && stages == 8 && rows == 40) return launch_wg<T, 64, 8, 1, 40>(p, stream);
+    if (bn == 64 && stages == 12 && rows == 40) return launch_wg<T, 64, 12, 1, 40>(p, stream);
     return FRMS_ERR_BAD_ARG;
   }
   if (wgmma == 2) {  // two warpgroups, 64 W' rows each
-    if (bn == 128 && stages == 5) return launch_wg<T, 128, 5, 2>(p, stream);
-    if (bn == 128 && stages == 6) return launch_wg<T, 128, 6, 2>(p, stream);
+    if (bn == 128 && stages == 5 && rows == 128) return launch_wg<T, 128, 5, 2>(p, stream);
+    if (bn == 128 && stages == 6 && rows == 128) return launch_wg<T, 128, 6, 2>(p, stream);
+    if (bn == 128 && stages == 5 && rows == 112) return launch_wg<T, 128, 5, 2, 112>(p, stream);
+    if (bn == 128 && stages == 6 && rows == 112) return launch_wg<T, 128, 6, 2, 112>(p, stream);
+    if (bn == 128 && stages == 7 && rows == 112) return launch_wg<T, 128, 7, 2, 112>(p, stream);
     return FRMS_ERR_BAD_ARG;
   }
-  if (wgmma != 0) return FRMS_ERR_BAD_ARG;
+  if (wgmma != 0 || rows != bn) return FRMS_ERR_BAD_ARG;
   if (bn == 128 && stages == 4) return launch<T, 128, 4>(p, stream);
   if (bn == 128 && stages == 3) return launch<T, 128, 3>(p, stream);
   if (bn == 64 && stages == 4) return launch<T, 64, 4>(p, stream);
@@ -445,7 +507,7 @@ int dispatch(const Params& p, int bn, int stages, int wgmma, cudaStream_t stream
 
 extern "C" int frms_decode_stream(int dtype, const void* x, int64_t ldx, const void* w, int64_t ldw, const void* bias,
                                   void* y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int bn, int stages,
-                                  int wgmma, int fence, void* stream) {
+                                  int wgmma, int fence, int rows, void* stream) {
   // 16-byte cp.async chunks: K, the row strides and the bases must all be 16-byte granular
   if (M < 1 || M > kTok || N < 1 || K < 8 || K % 8 != 0 || ldx % 8 != 0 || ldw % 8 != 0 || !(eps > 0.f))
     return FRMS_ERR_BAD_ARG;
@@ -453,7 +515,7 @@ extern "C" int frms_decode_stream(int dtype, const void* x, int64_t ldx, const v
   if (fence != 0 && fence != 1) return FRMS_ERR_BAD_ARG;
   const Params p{x, ldx, w, ldw, bias, y, ldy, M, N, K, eps, fence};
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (dtype == FRMS_DTYPE_BF16) return dispatch<__nv_bfloat16>(p, bn, stages, wgmma, s);
-  if (dtype == FRMS_DTYPE_F16) return dispatch<__half>(p, bn, stages, wgmma, s);
+  if (dtype == FRMS_DTYPE_BF16) return dispatch<__nv_bfloat16>(p, bn, stages, wgmma, rows, s);
+  if (dtype == FRMS_DTYPE_F16) return dispatch<__half>(p, bn, stages, wgmma, rows, s);
   return FRMS_ERR_BAD_ARG;
 }

@@ -133,32 +133,40 @@ MMA_VARIANT_MAX_M = 16
 # "stream" (csrc/decode_stream.cu): decode on the modules' W' only, one 16-token tile; "bn" W' rows per CTA and
 # "stages" of the cp.async ring, the compiled pairs below (default the first). "wgmma": the sm_90a twin (wgmma
 # from shared memory) with "warpgroups" 1 (default) | 2 per CTA, its compiled (bn, stages, warpgroups) below;
-# optionally "proxy_fence" (fence.proxy.async between each stage's cp.async writes and its wgmma).
+# optionally "proxy_fence" (fence.proxy.async between each stage's cp.async writes and its wgmma) and "rows" (W'
+# rows per CTA, default bn: fewer put more CTAs on the SMs, e.g. N 14336 as 128 CTAs of 112 rows instead of 112
+# of 128, and leave room for more stages); its compiled (bn, stages, warpgroups, rows) below.
 STREAM_MAX_M = 16
 STREAM_VARIANTS = ((128, 4), (128, 3), (64, 4), (64, 6))
-STREAM_WG_VARIANTS = ((128, 4, 1), (128, 5, 1), (64, 4, 1), (64, 5, 1), (64, 6, 1), (128, 5, 2), (128, 6, 2))
+STREAM_WG_VARIANTS = (
+    (128, 4, 1, 128), (128, 5, 1, 128), (64, 4, 1, 64), (64, 5, 1, 64), (64, 6, 1, 64), (64, 8, 1, 64),
+    (64, 4, 1, 40), (64, 8, 1, 40), (64, 12, 1, 40), (128, 5, 2, 128), (128, 6, 2, 128), (128, 5, 2, 112),
+    (128, 6, 2, 112), (128, 7, 2, 112),
+)  # fmt: skip
 
 
-def stream_args(cfg: dict, wgmma_ok: bool = True) -> tuple[int, int, int, int]:
-    """(bn, stages, warpgroups (0: the mma.sync kernel), fence) of a "stream" entry: optional keys "bn" and
-    "stages" (a pair of STREAM_VARIANTS; with "wgmma": true, a triple of STREAM_WG_VARIANTS with "warpgroups"),
-    and the bool "proxy_fence" (wgmma only). wgmma_ok False (no sm_90a kernel in the binary, or not a 9.0 GPU):
-    a wgmma entry runs the mma.sync kernel with the same bn (128: 4 stages, 64: 6)."""
+def stream_args(cfg: dict, wgmma_ok: bool = True) -> tuple[int, int, int, int, int]:
+    """(bn, stages, warpgroups (0: the mma.sync kernel), fence, rows) of a "stream" entry: optional keys "bn" and
+    "stages" (a pair of STREAM_VARIANTS; with "wgmma": true, with "warpgroups" and "rows" a quadruple of
+    STREAM_WG_VARIANTS), and the bool "proxy_fence" (wgmma only). wgmma_ok False (no sm_90a kernel in the binary,
+    or not a 9.0 GPU): a wgmma entry runs the mma.sync kernel with the same bn (128: 4 stages, 64: 6), bn rows."""
     wg, fence = cfg.get("wgmma", False), cfg.get("proxy_fence", False)
     if not isinstance(wg, bool) or not isinstance(fence, bool) or (fence and not wg):
         raise ValueError(f"stream config 'wgmma' / 'proxy_fence' must be bools, the fence with wgmma: {cfg!r}")
     if wg:
         d = STREAM_WG_VARIANTS[0]
-        v = (cfg.get("bn", d[0]), cfg.get("stages", d[1]), cfg.get("warpgroups", 1))
+        bn = cfg.get("bn", d[0])
+        v = (bn, cfg.get("stages", d[1]), cfg.get("warpgroups", 1), cfg.get("rows", bn))
         table = STREAM_WG_VARIANTS
     else:
         v = (cfg.get("bn", STREAM_VARIANTS[0][0]), cfg.get("stages", STREAM_VARIANTS[0][1]))
         table = STREAM_VARIANTS
-    if any(isinstance(e, bool) for e in v) or v not in table or ("warpgroups" in cfg and not wg):
+    bad_key = ("warpgroups" in cfg or "rows" in cfg) and not wg
+    if any(isinstance(e, bool) for e in v) or v not in table or bad_key:
         raise ValueError(f"stream config must be one of {table} (wgmma {wg}), got {v!r}")
     if wg and not wgmma_ok:
-        return int(v[0]), 4 if v[0] == 128 else 6, 0, 0
-    return int(v[0]), int(v[1]), int(v[2]) if wg else 0, int(fence)
+        return int(v[0]), 4 if v[0] == 128 else 6, 0, 0, int(v[0])
+    return int(v[0]), int(v[1]), int(v[2]) if wg else 0, int(fence), int(v[3]) if wg else int(v[0])
 
 
 # SM90 prefill with a PDL GEMM whose persistent grid leaves SMs idle (e.g. 128 output tiles on 132 SMs):
@@ -410,11 +418,11 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
     bptr = b.data_ptr() if b is not None else 0
     mod = ext.module
     if p["path"] == "stream":  # plan() gives it only a folded call (w_folded set)
-        bn, stages, wgmma, fence = stream_args(p, wgmma_ok=cap == (9, 0) and ext.has_stream_wgmma)
+        bn, stages, wgmma, fence, rows = stream_args(p, wgmma_ok=cap == (9, 0) and ext.has_stream_wgmma)
         w2 = _as_2d_rows(w_folded, "w_folded")
         mod.decode_stream(
             dt, x2.data_ptr(), _ld(x2), w2.data_ptr(), _ld(w2), bptr, out.data_ptr(), out.stride(0), M, N, D,
-            float(eps), bn, stages, stream, wgmma, fence,
+            float(eps), bn, stages, stream, wgmma, fence, rows,
         )  # fmt: skip
         return out.reshape(*lead, N)
     if p["path"] == "decode_mma":
