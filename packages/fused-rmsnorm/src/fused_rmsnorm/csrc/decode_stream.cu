@@ -20,6 +20,7 @@
 // Both kernels keep their per-stage instruction count minimal: one warp per scheduler hides no latency, and a
 // runtime k-block rotation (to spread the CTAs' reads of x over L2) or a second, evict_first copy of the load loop
 // made them 1.4-2.4x slower (session 30, standalone A/B on the H200: B16 N14336 31.9 -> 52.2 us), so neither is kept.
+// Likewise a runtime W' row count per CTA (session 31: 35-70% slower), which is why ROWS is a template parameter.
 #include "frms.h"
 #include "mma.cuh"
 #include "vec.cuh"
