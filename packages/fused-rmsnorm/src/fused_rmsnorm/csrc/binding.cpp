@@ -142,8 +142,8 @@ PYBIND11_MODULE(_C, m) {
       "Decode on the folded W' = W * g (sm_80+, M <= 16): one CTA per `rows` W' rows over all of K, a cp.async ring "
       "of `stages` 128-wide k-blocks of W' and x, rstd from the same x tiles. wgmma 0: mma.sync, (bn, stages) "
       "(128, 4) | (128, 3) | (64, 4) | (64, 6), rows = bn; wgmma 1 / 2 warpgroups (has_stream_wgmma() and a 9.0 "
-      "GPU): wgmma, (bn, stages, rows) (128, 4 | 5, 128) | (64, 4 | 5 | 6 | 8, 64) | (64, 4 | 8 | 12, 40) for 1, "
-      "(128, 5 | 6, 128) | (128, 5 | 6 | 7, 112) for 2; rows 0 = bn; fence 1 (wgmma only): fence.proxy.async "
+      "GPU): wgmma, (bn, stages, rows) (128, 4 | 5, 128) | (64, 4 | 5 | 6, 64) | (64, 8, 40) for 1, "
+      "(128, 5 | 6, 128) | (128, 5, 112) for 2; rows 0 = bn; fence 1 (wgmma only): fence.proxy.async "
       "before each stage's wgmma. K, ldx, ldw multiples of 8; x and w 16-byte aligned.",
       py::arg("dtype"), py::arg("x"), py::arg("ldx"), py::arg("w"), py::arg("ldw"), py::arg("bias"), py::arg("y"),
       py::arg("ldy"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("eps"), py::arg("bn") = 128,

@@ -72,8 +72,8 @@ int frms_decode_mma(int dtype, const void* x, int64_t ldx, const void* g, const 
 // Same op on the folded W' (g already in w), M <= 16, sm_80+ (decode_stream.cu): one CTA per bn rows of W'
 // over all of K through a `stages`-deep cp.async ring. wgmma 0: mma.sync, (bn, stages) in {(128, 4), (128, 3),
 // (64, 4), (64, 6)}; wgmma 1 / 2 (sm_90a build on a 9.0 device, else FRMS_ERR_NOT_BUILT): wgmma from shared
-// memory by that many warpgroups, (bn, stages, rows) in {(128, 4 | 5, 128), (64, 4 | 5 | 6 | 8, 64),
-// (64, 4 | 8 | 12, 40)} for 1 and {(128, 5 | 6, 128), (128, 5 | 6 | 7, 112)} for 2, rows = the W' rows per CTA
+// memory by that many warpgroups, (bn, stages, rows) in {(128, 4 | 5, 128), (64, 4 | 5 | 6, 64), (64, 8, 40)}
+// for 1 and {(128, 5 | 6, 128), (128, 5, 112)} for 2, rows = the W' rows per CTA
 // (0 = bn; the mma.sync kernel takes bn only); fence 1 (wgmma only): fence.proxy.async between each stage's
 // cp.async writes and the wgmma reading them. K, ldx, ldw multiples of 8; x and w 16-byte aligned.
 int frms_decode_stream(int dtype, const void* x, int64_t ldx, const void* w, int64_t ldw, const void* bias, void* y,

@@ -134,14 +134,13 @@ MMA_VARIANT_MAX_M = 16
 # "stages" of the cp.async ring, the compiled pairs below (default the first). "wgmma": the sm_90a twin (wgmma
 # from shared memory) with "warpgroups" 1 (default) | 2 per CTA, its compiled (bn, stages, warpgroups) below;
 # optionally "proxy_fence" (fence.proxy.async between each stage's cp.async writes and its wgmma) and "rows" (W'
-# rows per CTA, default bn: fewer put more CTAs on the SMs, e.g. N 14336 as 128 CTAs of 112 rows instead of 112
-# of 128, and leave room for more stages); its compiled (bn, stages, warpgroups, rows) below.
+# rows per CTA, default bn: fewer put more CTAs on the SMs, e.g. 5120 as 128 CTAs of 40 rows instead of 80 of 64,
+# and leave room for more stages); its compiled (bn, stages, warpgroups, rows) below.
 STREAM_MAX_M = 16
 STREAM_VARIANTS = ((128, 4), (128, 3), (64, 4), (64, 6))
 STREAM_WG_VARIANTS = (
-    (128, 4, 1, 128), (128, 5, 1, 128), (64, 4, 1, 64), (64, 5, 1, 64), (64, 6, 1, 64), (64, 8, 1, 64),
-    (64, 4, 1, 40), (64, 8, 1, 40), (64, 12, 1, 40), (128, 5, 2, 128), (128, 6, 2, 128), (128, 5, 2, 112),
-    (128, 6, 2, 112), (128, 7, 2, 112),
+    (128, 4, 1, 128), (128, 5, 1, 128), (64, 4, 1, 64), (64, 5, 1, 64), (64, 6, 1, 64), (64, 8, 1, 40),
+    (128, 5, 2, 128), (128, 6, 2, 128), (128, 5, 2, 112),
 )  # fmt: skip
 
 
