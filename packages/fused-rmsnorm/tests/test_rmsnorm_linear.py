@@ -360,8 +360,10 @@ def test_stream_args_wgmma():
     cfg = {"path": "stream", "wgmma": True, "bn": 128, "stages": 6, "warpgroups": 2, "proxy_fence": True}
     assert op.stream_args(cfg) == (128, 6, 2, 1, 128)
     assert op.stream_args(cfg, wgmma_ok=False) == (128, 4, 0, 0, 128)
-    assert op.stream_args({**cfg, "rows": 112}) == (128, 6, 2, 1, 112)
-    assert op.stream_args({**cfg, "rows": 112}, wgmma_ok=False) == (128, 4, 0, 0, 128)  # mma.sync: bn rows
+    assert op.stream_args({**cfg, "stages": 5, "rows": 112}) == (128, 5, 2, 1, 112)
+    assert op.stream_args({**cfg, "stages": 5, "rows": 112}, wgmma_ok=False) == (128, 4, 0, 0, 128)  # bn rows
+    with pytest.raises(ValueError, match="stream config"):  # 112 rows is compiled for 5 stages only
+        op.stream_args({**cfg, "rows": 112})
     assert op.stream_args({"wgmma": True, "bn": 64, "stages": 5}, wgmma_ok=False) == (64, 6, 0, 0, 64)
     d = op.STREAM_WG_VARIANTS[0]
     assert op.stream_args({"wgmma": True}) == (*d[:3], 0, d[3])
