@@ -3,7 +3,9 @@ forced tile configs on the module path.
 
     python scripts/probe_rmsnorm_basic.py OUTDIR     (needs a build with FRMS_SM90_NUM_CONFIGS >= 15)
     PROBE_BASIC_SET=<set> python scripts/probe_rmsnorm_basic.py OUTDIR     (other shape sets, SETS below: wide, odd,
-    mid, mid2 .. mid5, llm, wave, big, big2, big3)
+    mid, mid2 .. mid5, llm, wave, big, big2, big3, big4, big5)
+    PROBE_ROUNDS=<n> (interleaved rounds, default 3); PROBE_BASIC_X=randn (the suite's randn x instead of rows
+    scaled apart)
 
 The shipped prefill configs are CUTLASS's persistent kernels: 384 threads x 168 registers, the whole register
 file. So under PDL a GEMM CTA starts on an SM only once the rstd CTA there retires, and the rstd kernel's
@@ -105,12 +107,21 @@ BIG2 = [(m, 8192, 8192, (0, C0S4, C0S8)) for m in (3584, 4096, 4608)]
 BIG2 += [(4096, 4096, 14336, (0, C0S4)), (4096, 4096, 4096, (0, C0S4))]
 # the confirming run on the table that took it (M 3969..4096 at 8192^2): the shipped path against config 0 forced
 BIG3 = [(m, 8192, 8192, (0,)) for m in (4000, 4096)]
+# session 33: at B4096 how much of the module's time over F.linear is the rstd pass (streamed vs in front, raster
+# along M) and how much the GEMM (alone on a precomputed rstd); PROBE_BASIC_X=randn times the suite's x instead
+# ... and config 15, rstd summed in K slices by the GEMM's own tiles (slices 8 by default; 4, 16; on 128 CTAs).
+# big4 / big5 need the probe build of benchmarks/results/probes/h200-probe_rmsnorm_split_rstd.patch (not shipped)
+C15 = (15, {"config": 15, "slices": 4}, {"config": 15, "slices": 16}, {"config": 15, "ctas": 128})
+BIG4 = [(4096, 4096, 4096, (0, {"config": 0, "raster": 1}, *C15)), (4096, 4096, 14336, (0, 15)),
+        (4096, 8192, 8192, (0, 15)), (2048, 4096, 4096, (0, 1, 15)), (8192, 4096, 4096, (0, 15))]  # fmt: skip
+# the confirming run at B4096 alone, more rounds: the shipped (streamed) path against config 15 on 128 and 132 CTAs
+BIG5 = [(4096, 4096, 4096, (0, 15, {"config": 15, "ctas": 128}))]
 SETS = {
     "suite": SHAPES, "wide": WIDE, "odd": ODD, "mid": MID, "mid2": MID2, "mid3": MID3, "mid4": MID4, "mid5": MID5,
-    "llm": LLM, "wave": WAVE, "big": BIG, "big2": BIG2, "big3": BIG3,
+    "llm": LLM, "wave": WAVE, "big": BIG, "big2": BIG2, "big3": BIG3, "big4": BIG4, "big5": BIG5,
 }  # fmt: skip
 ALONE = (0, 1, 12)  # GEMM alone on a precomputed rstd (no PDL), where the shape's forced list has them
-ROUNDS = 3
+ROUNDS = int(os.environ.get("PROBE_ROUNDS", "3"))
 L2_BYTES = 60 * 2**20
 EPS = 1e-6
 _plan = op.plan
@@ -136,6 +147,8 @@ op.plan = forced_plan
 
 def measure(M: int, D: int, N: int, forced, dev, ext) -> dict:
     x, mods = module_copies(M, D, N, dev, L2_BYTES)
+    if os.environ.get("PROBE_BASIC_X") == "randn":  # the suite's data (the probes' rows scaled apart draw other power)
+        x = torch.randn(M, D, device=dev, generator=torch.Generator(device=dev).manual_seed(M)).bfloat16()
 
     def module(m, cfg):
         return flagged_call(m, x, FORCE, cfg, None)
