@@ -3,7 +3,7 @@ forced tile configs on the module path.
 
     python scripts/probe_rmsnorm_basic.py OUTDIR     (needs a build with FRMS_SM90_NUM_CONFIGS >= 15)
     PROBE_BASIC_SET=<set> python scripts/probe_rmsnorm_basic.py OUTDIR     (other shape sets, SETS below: wide, odd,
-    mid, mid2 .. mid5, llm, wave, big, big2, big3, big4, big5)
+    mid, mid2 .. mid5, llm, wave, big, big2, big3, big4, big5, big6, big7)
     PROBE_ROUNDS=<n> (interleaved rounds, default 3); PROBE_BASIC_X=randn (the suite's randn x instead of rows
     scaled apart)
 
@@ -116,11 +116,24 @@ BIG4 = [(4096, 4096, 4096, (0, {"config": 0, "raster": 1}, *C15)), (4096, 4096, 
         (4096, 8192, 8192, (0, 15)), (2048, 4096, 4096, (0, 1, 15)), (8192, 4096, 4096, (0, 15))]  # fmt: skip
 # the confirming run at B4096 alone, more rounds: the shipped (streamed) path against config 15 on 128 and 132 CTAs
 BIG5 = [(4096, 4096, 4096, (0, 15, {"config": 15, "ctas": 128}))]
+# session 34: the swapped 256x128 cooperative tile (config 15, cuBLAS's own form at B4096) and the 64x256 ping-pong
+# tiles (16 with a 2-CTA cluster, 17 without: one warpgroup's epilogue under the other's mainloop) against the
+# table, on the module path (streamed rstd where it applies) and alone on a precomputed rstd. big6 / big7 need the
+# probe build of benchmarks/results/probes/h200-probe_rmsnorm_swap_pingpong_tiles.patch (not shipped); when big6
+# ran, config 16 was config 15 with its cluster along the W' rows instead
+C15R = {"config": 15, "raster": 1}  # the heuristic's order at B4096; explicit where the heuristic would pick N
+BIG6 = [(4096, 4096, 4096, (0, 15, 16, {"config": 15, "swizzle": 2})), (8192, 4096, 4096, (0, 15, 16)),
+        (4096, 4096, 14336, (0, 15, C15R)), (4096, 8192, 8192, (0, 15, C15R)), (2048, 4096, 4096, (1, 15, 16)),
+        (1024, 2048, 2048, (15,)), (512, 4096, 4096, (15,)), (4096, 2048, 2048, (0, 15))]  # fmt: skip
+BIG7 = [(4096, 4096, 4096, (0, 16, 17, {"config": 16, "swizzle": 2})), (8192, 4096, 4096, (0, 16, 17)),
+        (4096, 4096, 14336, (0, 16)), (4096, 8192, 8192, (0, 16, {"config": 16, "swizzle": 4})),
+        (2048, 4096, 4096, (1, 16)), (4096, 2048, 2048, (0, 16))]  # fmt: skip
 SETS = {
     "suite": SHAPES, "wide": WIDE, "odd": ODD, "mid": MID, "mid2": MID2, "mid3": MID3, "mid4": MID4, "mid5": MID5,
     "llm": LLM, "wave": WAVE, "big": BIG, "big2": BIG2, "big3": BIG3, "big4": BIG4, "big5": BIG5,
+    "big6": BIG6, "big7": BIG7,
 }  # fmt: skip
-ALONE = (0, 1, 12)  # GEMM alone on a precomputed rstd (no PDL), where the shape's forced list has them
+ALONE = (0, 1, 12, 15, 16, 17)  # GEMM alone on a precomputed rstd (no PDL), where the shape's forced list has them
 ROUNDS = int(os.environ.get("PROBE_ROUNDS", "3"))
 L2_BYTES = 60 * 2**20
 EPS = 1e-6
