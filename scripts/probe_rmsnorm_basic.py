@@ -3,7 +3,8 @@ forced tile configs on the module path.
 
     python scripts/probe_rmsnorm_basic.py OUTDIR     (needs a build with FRMS_SM90_NUM_CONFIGS >= 15)
     PROBE_BASIC_SET=<set> python scripts/probe_rmsnorm_basic.py OUTDIR     (other shape sets, SETS below: wide, odd,
-    mid, mid2 .. mid5, llm, wave, big, big2, big3, big4, big5, big6, big7, big8)
+    mid, mid2 .. mid5, llm, wave, big, big2, big3, big4, big5, big6, big7, big8,
+    big9)
     PROBE_ROUNDS=<n> (interleaved rounds, default 3); PROBE_BASIC_X=randn (the suite's randn x instead of rows
     scaled apart)
 
@@ -133,10 +134,15 @@ BIG7 = [(4096, 4096, 4096, (0, 16, 17, {"config": 16, "swizzle": 2})), (8192, 40
 BIG8 = [(4096, 4096, 4096, (0, 15, 16)), (8192, 4096, 4096, (0, 15, 16)), (4096, 4096, 14336, (0, 15, 16)),
         (4096, 8192, 8192, (0, 15, {"config": 15, "swizzle": 4}, {"config": 16, "swizzle": 4})),
         (2048, 4096, 4096, (C0S8, {"config": 15, "swizzle": 8})), (4096, 2048, 2048, (0, 15, 16))]  # fmt: skip
+# ... then config 0 in 4-CTA clusters (15: 2x2, x multicast along N too; 16: 4x1, W' to 4 M tiles), which need the
+# probe build of benchmarks/results/probes/h200-probe_rmsnorm_cluster4.patch (not shipped)
+BIG9 = [(4096, 4096, 4096, (0, 15, 16)), (8192, 4096, 4096, (0, 15, 16)), (4096, 4096, 14336, (0, 15, 16)),
+        (4096, 8192, 8192, ({"config": 0, "swizzle": 4}, 15, {"config": 15, "swizzle": 4}, 16)),
+        (2048, 4096, 4096, (C0S8, 15, 16)), (4096, 2048, 2048, (0, 15, 16))]  # fmt: skip
 SETS = {
     "suite": SHAPES, "wide": WIDE, "odd": ODD, "mid": MID, "mid2": MID2, "mid3": MID3, "mid4": MID4, "mid5": MID5,
     "llm": LLM, "wave": WAVE, "big": BIG, "big2": BIG2, "big3": BIG3, "big4": BIG4, "big5": BIG5,
-    "big6": BIG6, "big7": BIG7, "big8": BIG8,
+    "big6": BIG6, "big7": BIG7, "big8": BIG8, "big9": BIG9,
 }  # fmt: skip
 ALONE = (0, 1, 12, 15, 16, 17)  # GEMM alone on a precomputed rstd (no PDL), where the shape's forced list has them
 ROUNDS = int(os.environ.get("PROBE_ROUNDS", "3"))
