@@ -164,8 +164,9 @@ def test_plan_sm90():
     # session 12: at N14336 9..16 tokens take the swap-AB 64x16 tile computing rstd itself, on 112 CTAs (session
     # 26: its 224 W tiles two per CTA); session 29: the cp.async-ring "stream" kernel at 1..8 tokens of N14336 and
     # 1..16 of 8192^2 and 5120^2; session 30: its wgmma twin with two warpgroups at 1..16 tokens of N14336;
-    # session 31: at 5120^2 the one-warpgroup wgmma kernel on 40 W' rows per CTA (128 CTAs)
-    wg2 = {"path": "stream", "wgmma": True, "bn": 128, "stages": 5, "warpgroups": 2}
+    # session 31: at 5120^2 the one-warpgroup wgmma kernel on 40 W' rows per CTA (128 CTAs); session 38: N14336 on
+    # 112 W' rows per CTA (128 CTAs)
+    wg2 = {"path": "stream", "wgmma": True, "bn": 128, "stages": 5, "warpgroups": 2, "rows": 112}
     cases = {(16, 14336, 4096): wg2, (9, 14336, 4096): wg2, (8, 14336, 4096): wg2, (1, 14336, 4096): wg2,
              (1, 8192, 8192): {"path": "stream", "bn": 64, "stages": 6},
              (16, 8192, 8192): {"path": "stream", "bn": 64, "stages": 6},
@@ -340,6 +341,9 @@ def test_plan_stream_entry_and_fallbacks(monkeypatch):
     assert plan("sm90", 8, 14336, 4096, has_gemm=True, has_mma=False)["path"] == "decode"
     entry["fn"] = {"path": "decode_mma", "wn": 8, "ksplit": 2, "wload": 1}
     assert plan("sm90", 16, 14336, 4096, has_gemm=True, folded=False)["wn"] == 8
+    entry["fn"] = {"path": "stream", "bn": 128, "stages": 4}  # a functional stream entry (x * g from rstd_scale)
+    assert plan("sm90", 16, 14336, 4096, has_gemm=True, folded=False) == {"path": "stream", "bn": 128, "stages": 4}
+    assert plan("sm90", 17, 14336, 4096, has_gemm=True, folded=False)["path"] == "decode_mma"
     assert op.stream_args({"path": "stream"}) == (*op.STREAM_VARIANTS[0], 0, 0, op.STREAM_VARIANTS[0][0])
     for bad in ({"bn": 96}, {"bn": 128, "stages": 6}, {"stages": True}, {"wgmma": 1}, {"proxy_fence": True},
                 {"wgmma": True, "bn": 128, "stages": 3}, {"wgmma": True, "proxy_fence": 1}, {"warpgroups": 2},
@@ -513,12 +517,44 @@ def test_gpu_rstd_side_only_when_a_is_x(monkeypatch):
     monkeypatch.setattr(op, "plan", lambda *a, **k: {"path": "gemm", "config": 1, "pdl": True})
     monkeypatch.setattr(op, "num_sms", lambda dev: 132)
     seen = []
-    real = m.rstd
+    real, real_scale = m.rstd, m.rstd_scale
     monkeypatch.setattr(m, "rstd", lambda *a: (seen.append(a[8] if len(a) > 8 else 0), real(*a))[1])
+    monkeypatch.setattr(m, "rstd_scale", lambda *a: (seen.append("scale"), real_scale(*a))[1])
     ref = _ref32(x, g, w, None, 1e-6).double()
     assert rel_err(op.fused_rmsnorm_linear_folded(x, g, w, fold_weight(g, w)), ref) <= 1e-2
     assert rel_err(fused_rmsnorm_linear(x, g, w), ref) <= 1e-2
-    assert seen == [op.rstd_side_ctas(1, M, N, 132), 0] and seen[0] > 0
+    assert seen == [op.rstd_side_ctas(1, M, N, 132), "scale"] and seen[0] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 7, 1000])
+@pytest.mark.parametrize("D", [2048, 2056, 8192, 16392])
+def test_gpu_rstd_scale_matches_rstd_and_torch(M, D, dtype):
+    """rstd_scale (a functional call's one pass over x): rstd bit-identical to the rstd kernel's, and
+    xg = x * g bit-identical to torch's x * g (one rounding of an exact product), from strided x rows
+    into a poisoned buffer with its own row stride; every element written, nothing past D touched."""
+    ext = backend.get_ext(torch.device("cuda"))
+    if ext.kind == "torch":
+        pytest.skip("no extension")
+    m = ext.module
+    dt = 1 if dtype == torch.bfloat16 else 0
+    x_full = _gpu_case(M, D + 16, 8, dtype, seed=M + D)[0]
+    x = x_full[:, :D]  # row stride D + 16
+    x[M // 2] = 0  # an all-zero row: rstd = 1 / sqrt(eps), finite
+    g = torch.randn(D, device="cuda", dtype=dtype)
+    s = torch.cuda.current_stream().cuda_stream
+    want = torch.full((M,), float("nan"), device="cuda")
+    m.rstd(dt, x.data_ptr(), D + 16, want.data_ptr(), M, D, 1e-6, s)
+    rstd = torch.full((M,), float("nan"), device="cuda")
+    xg_buf = torch.full((M, D + 8), float("nan"), device="cuda", dtype=dtype)
+    m.rstd_scale(dt, x.data_ptr(), D + 16, g.data_ptr(), xg_buf.data_ptr(), D + 8, rstd.data_ptr(), M, D, 1e-6, s)
+    torch.cuda.synchronize()
+    assert torch.equal(rstd, want)
+    assert torch.equal(xg_buf[:, :D], x * g)
+    assert xg_buf[:, D:].isnan().all()
+    ref = torch.rsqrt(x.double().pow(2).mean(-1) + 1e-6)
+    assert ((rstd.double() - ref).abs() / ref).max() < 1e-5
 
 
 DEC_M = [1, 2, 3, 8, 16, 17, 31, 32]
@@ -742,7 +778,8 @@ def test_gpu_stream_vs_fp32(M, D, dtype, monkeypatch):
     """The "stream" decode kernel, every variant of both kernels: K off the 128-wide k-block (D136: 2 blocks, fewer
     than the ring's stages; D2056 / 4104: a partial last block), N off the row tile (1000), x rows with a
     padded stride and 100x apart in scale (an rstd given to the wrong token cannot pass), with and without
-    bias, on an allocator poisoned with NaN, and a CUDA-graph replay. Functional calls must not take it."""
+    bias, on an allocator poisoned with NaN, and a CUDA-graph replay; a functional call runs it (x * g and rstd
+    from rstd_scale, then W) only where the entry's "fn" names it."""
     from fused_rmsnorm.ops import rmsnorm_linear as op
 
     ext = backend.get_ext(torch.device("cuda"))
@@ -753,19 +790,28 @@ def test_gpu_stream_vs_fp32(M, D, dtype, monkeypatch):
     x = (x.float() * torch.logspace(-1, 1, M, device="cuda")[:, None]).to(dtype)[:, :D]  # row stride D + 24
     g, w = g[:D].contiguous(), w[:, :D].contiguous()
     wf = fold_weight(g, w)
+    launches = []
+    real = ext.module.decode_stream
+    monkeypatch.setattr(ext.module, "decode_stream", lambda *a: (launches.append(a[-1] != 0), real(*a))[1])
     for cfg in _stream_cfgs(ext):
         variant = tuple(cfg.items())
-        monkeypatch.setattr(op._TUNING, "lookup", lambda *a, c=cfg, **k: dict(c))
+        monkeypatch.setattr(op._TUNING, "lookup", lambda *a, c=cfg, **k: dict(c, fn=dict(c)))
         for bias in (None, b):
             ref = _ref32(x, g, w, bias, 1e-6).double()
-            junk = torch.full((M * N * 4,), float("nan"), device="cuda", dtype=dtype)
-            del junk
-            y = op.fused_rmsnorm_linear_folded(x, g, w, wf, bias)
-            torch.cuda.synchronize()
-            errs = (y.double() - ref).norm(dim=1) / ref.norm(dim=1)
-            assert y.shape == (M, N) and torch.isfinite(y).all() and errs.max() <= 1e-2, (variant, errs.max())
+            calls = {False: lambda bias=bias: op.fused_rmsnorm_linear_folded(x, g, w, wf, bias),
+                     True: lambda bias=bias: fused_rmsnorm_linear(x, g, w, bias)}  # fmt: skip
+            for functional, call in calls.items():
+                junk = torch.full((M * N * 4,), float("nan"), device="cuda", dtype=dtype)
+                del junk
+                launches.clear()
+                y = call()
+                torch.cuda.synchronize()
+                assert launches == [functional], variant  # the caller's rstd exactly for the functional call
+                errs = (y.double() - ref).norm(dim=1) / ref.norm(dim=1)
+                assert y.shape == (M, N) and torch.isfinite(y).all() and errs.max() <= 1e-2, (variant, errs.max())
         yg = _folded_graph_replay(x, g, w, wf, b)
         assert torch.isfinite(yg).all() and rel_err(yg, _ref32(x, g, w, b, 1e-6).double()) <= 1e-2, variant
+    monkeypatch.setattr(op._TUNING, "lookup", lambda *a, **k: {"path": "stream"})  # no "fn": not for functional calls
     assert op.plan("sm90", M, N, D, has_gemm=True, folded=False)["path"] != "stream"
 
 
@@ -916,23 +962,24 @@ def test_gpu_forced_torch_backend(monkeypatch):
 
 
 def test_gemm_operands_scale_x_or_fold_w():
-    """Without a cached W', fewer rows than outputs scale x by g (M*D work) instead of folding W
-    (N*D); both give the same product, and a cached W' is used as is."""
-    from fused_rmsnorm.ops.rmsnorm_linear import _gemm_operands
+    """Without a cached W', up to M < 2N rows scale x by g (an empty A for the rstd_scale pass to fill: 2 M D
+    moves) instead of folding W (2 N D plus the rstd read of x); a cached W' is used as is."""
+    from fused_rmsnorm.ops.rmsnorm_linear import _gemm_operands, scale_x_side
 
+    assert scale_x_side(63, 32) and not scale_x_side(64, 32) and scale_x_side(4096, 4096)
     x, g, w = torch.randn(4, 16, dtype=torch.float64), torch.randn(16, dtype=torch.float64), torch.randn(32, 16)
     w = w.double()
-    a, wf = _gemm_operands(x, g, w, None)
-    assert wf is w and torch.equal(a, x * g)
+    xs = x.t().contiguous().t()  # column-major: A must still come back with unit inner stride
+    for xi in (x, xs, torch.randn(63, 16, dtype=torch.float64)):
+        a, wf, scaled = _gemm_operands(xi, g, w, None)
+        assert scaled and wf is w and a is not xi and a.shape == xi.shape and a.stride() == (16, 1)
     xl = torch.randn(64, 16, dtype=torch.float64)
-    a, wf = _gemm_operands(xl, g, w, None)
-    assert a is xl and torch.equal(wf, w * g)
+    a, wf, scaled = _gemm_operands(xl, g, w, None)
+    assert not scaled and a is xl and torch.equal(wf, w * g)
+    torch.testing.assert_close(a @ wf.T, (xl * g) @ w.T)
     cached = w * g
-    a, wf = _gemm_operands(x, g, w, cached)
-    assert a is x and wf is cached
-    for xs in (x, xl):
-        a, wf = _gemm_operands(xs, g, w, None)
-        torch.testing.assert_close(a @ wf.T, (xs * g) @ w.T)
+    a, wf, scaled = _gemm_operands(x, g, w, cached)
+    assert not scaled and a is x and wf is cached
 
 
 # ------------------------------------------------------------------------ SM90 tile configs + knobs

@@ -130,10 +130,11 @@ PYBIND11_MODULE(_C, m) {
       "decode_stream",
       [](int dtype, std::uintptr_t x, int64_t ldx, std::uintptr_t w, int64_t ldw, std::uintptr_t bias,
          std::uintptr_t y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int bn, int stages,
-         std::uintptr_t stream, int wgmma, int fence, int rows) {
+         std::uintptr_t stream, int wgmma, int fence, int rows, std::uintptr_t rstd) {
 #if FRMS_HAVE_MMA
         check(frms_decode_stream(dtype, cptr(x), ldx, cptr(w), ldw, bias ? cptr(bias) : nullptr, mptr(y), ldy, M, N,
-                                 K, eps, bn, stages, wgmma, fence, rows, mptr(stream)),
+                                 K, eps, bn, stages, wgmma, fence, rows, mptr(stream),
+                                 reinterpret_cast<const float*>(rstd)),
               "decode_stream");
 #else
         check(FRMS_ERR_NOT_BUILT, "decode_stream");
@@ -144,10 +145,12 @@ PYBIND11_MODULE(_C, m) {
       "(128, 4) | (128, 3) | (64, 4) | (64, 6), rows = bn; wgmma 1 / 2 warpgroups (has_stream_wgmma() and a 9.0 "
       "GPU): wgmma, (bn, stages, rows) (128, 4 | 5, 128) | (64, 4 | 5 | 6, 64) | (64, 8, 40) for 1, "
       "(128, 5 | 6, 128) | (128, 5, 112) for 2; rows 0 = bn; fence 1 (wgmma only): fence.proxy.async "
-      "before each stage's wgmma. K, ldx, ldw multiples of 8; x and w 16-byte aligned.",
+      "before each stage's wgmma. K, ldx, ldw multiples of 8; x and w 16-byte aligned. rstd 0: from x itself (w = "
+      "W'); else the caller's fp32 rstd[M] (a functional call: x = x * g from rstd_scale, w = W).",
       py::arg("dtype"), py::arg("x"), py::arg("ldx"), py::arg("w"), py::arg("ldw"), py::arg("bias"), py::arg("y"),
       py::arg("ldy"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("eps"), py::arg("bn") = 128,
-      py::arg("stages") = 4, py::arg("stream") = 0, py::arg("wgmma") = 0, py::arg("fence") = 0, py::arg("rows") = 0);
+      py::arg("stages") = 4, py::arg("stream") = 0, py::arg("wgmma") = 0, py::arg("fence") = 0, py::arg("rows") = 0,
+      py::arg("rstd") = 0);
 
   m.def(
       "rstd",
@@ -162,6 +165,19 @@ PYBIND11_MODULE(_C, m) {
       "gemm_sm90 launched with streamed_rstd.",
       py::arg("dtype"), py::arg("x"), py::arg("ldx"), py::arg("rstd"), py::arg("M"), py::arg("K"), py::arg("eps"),
       py::arg("stream"), py::arg("ctas") = 0, py::arg("streamed") = 0);
+
+  m.def(
+      "rstd_scale",
+      [](int dtype, std::uintptr_t x, int64_t ldx, std::uintptr_t g, std::uintptr_t xg, int64_t ldxg,
+         std::uintptr_t out, int64_t M, int64_t K, float eps, std::uintptr_t stream) {
+        check(frms_rstd_scale(dtype, cptr(x), ldx, cptr(g), mptr(xg), ldxg, reinterpret_cast<float*>(out), M, K, eps,
+                              mptr(stream)),
+              "rstd_scale");
+      },
+      "rstd as rstd() (same bits) and xg = x * g[None, :] rounded once to the dtype, in one pass over x: a "
+      "functional call's GEMM operand. No PDL trigger (launch the GEMM after it without PDL).",
+      py::arg("dtype"), py::arg("x"), py::arg("ldx"), py::arg("g"), py::arg("xg"), py::arg("ldxg"), py::arg("rstd"),
+      py::arg("M"), py::arg("K"), py::arg("eps"), py::arg("stream"));
 
   m.def(
       "gemm_sm90",

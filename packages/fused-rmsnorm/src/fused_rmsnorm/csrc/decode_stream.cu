@@ -52,6 +52,9 @@ struct Params {
   int64_t M, N, K;
   float eps;
   int fence;  // wgmma kernel: fence.proxy.async between each stage's cp.async writes and the wgmma reading them
+  // nullptr: rstd from the x tiles (x is x itself, w is W'). Else rstd[M] from the caller (a functional call: x is
+  // x * g from rstd_scale, w is W), and the sums of squares go unused
+  const float* rstd;
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -125,7 +128,7 @@ template <int kTpt>
 __device__ __forceinline__ void finish_rstd(float ss, int tok, int part, const Params& p, float* rstd_s) {
 #pragma unroll
   for (int off = 1; off < kTpt; off <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-  if (part == 0) rstd_s[tok] = rsqrtf(ss / float(p.K) + p.eps);
+  if (part == 0) rstd_s[tok] = !p.rstd ? rsqrtf(ss / float(p.K) + p.eps) : tok < p.M ? p.rstd[tok] : 0.f;
   __syncthreads();
 }
 
@@ -505,13 +508,13 @@ int dispatch(const Params& p, int bn, int stages, int wgmma, int rows, cudaStrea
 
 extern "C" int frms_decode_stream(int dtype, const void* x, int64_t ldx, const void* w, int64_t ldw, const void* bias,
                                   void* y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int bn, int stages,
-                                  int wgmma, int fence, int rows, void* stream) {
+                                  int wgmma, int fence, int rows, void* stream, const float* rstd) {
   // 16-byte cp.async chunks: K, the row strides and the bases must all be 16-byte granular
   if (M < 1 || M > kTok || N < 1 || K < 8 || K % 8 != 0 || ldx % 8 != 0 || ldw % 8 != 0 || !(eps > 0.f))
     return FRMS_ERR_BAD_ARG;
   if (!frms::aligned16(x) || !frms::aligned16(w) || ldx < K || ldw < K || ldy < N) return FRMS_ERR_BAD_ARG;
   if (fence != 0 && fence != 1) return FRMS_ERR_BAD_ARG;
-  const Params p{x, ldx, w, ldw, bias, y, ldy, M, N, K, eps, fence};
+  const Params p{x, ldx, w, ldw, bias, y, ldy, M, N, K, eps, fence, rstd};
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (dtype == FRMS_DTYPE_BF16) return dispatch<__nv_bfloat16>(p, bn, stages, wgmma, rows, s);
   if (dtype == FRMS_DTYPE_F16) return dispatch<__half>(p, bn, stages, wgmma, rows, s);

@@ -98,8 +98,9 @@ def plan(
     ``has_mma``: the binary has the tensor-core decode kernels and the GPU is sm_80+; without it a
     decode_mma or stream entry runs the CUDA-core decode kernel instead. ``folded``: the call has the modules'
     W' = W * g; without it (a functional call) an entry's optional "fn" config replaces it (the GEMM
-    configs then pay a per-call x * g, which decode_mma does not; "stream" reads W' only, so without "fn"
-    it becomes decode_mma's default). ``sms``: the GPU's SM count (the WAVE_C1 key, wave_prefers_128x128).
+    configs then pay a per-call x * g, which decode_mma does not; a "stream" entry's kernel reads W' and x,
+    so a functional call runs it only where "fn" names it, after rstd_scale writes x * g and rstd, and
+    otherwise decode_mma's default). ``sms``: the GPU's SM count (the WAVE_C1 key, wave_prefers_128x128).
     """
     # T128: tiles of a 128 x 128 output grid, so an entry can ask for about one wave of such tiles
     wave = int(wave_prefers_128x128(M, N, sms)) if M * N >= 2**23 else 0  # only the MN rule's rows ask
@@ -108,7 +109,7 @@ def plan(
     if fn is not None and not folded:
         cfg = dict(fn)
     path = cfg.get("path", "gemm")
-    if path == "stream" and (not folded or M > STREAM_MAX_M):
+    if path == "stream" and ((not folded and fn is None) or M > STREAM_MAX_M):
         cfg, path = {"wn": 0, "ksplit": 0}, "decode_mma"
     if path == "stream" and not has_mma:
         cfg, path = {}, "decode"
@@ -370,17 +371,25 @@ def fold_weight(w_norm: torch.Tensor, w_lin: torch.Tensor) -> torch.Tensor:
     return w_lin * w_norm
 
 
-def _gemm_operands(x2, w_norm, w_lin, w_folded):
-    """(A, W) for the row-scaled GEMM: A @ W^T * rstd == (x * rstd * g) @ W_lin^T.
+def scale_x_side(M: int, N: int) -> bool:
+    """Where a functional call (no cached W') applies g for the row-scaled GEMM: True = to x, in the rstd pass
+    (rstd_scale reads x once and writes x * g: 2 M D element moves), False = to W, folded per call (2 N D, plus
+    the rstd kernel's read of x, which overlaps the GEMM). x takes it up to M < 2 N."""
+    return M < 2 * N
 
-    A cached W' (the modules) is used as is. Without one (a functional call), the cheaper side
-    takes g: the M x D activations when M < N, else the N x D weight (folded per call).
+
+def _gemm_operands(x2, w_norm, w_lin, w_folded):
+    """(A, W, scaled) for the row-scaled GEMM: A @ W^T * rstd == (x * rstd * g) @ W_lin^T.
+
+    A cached W' (the modules) is used as is. Without one (a functional call), g goes to the side
+    scale_x_side picks: x (scaled = True: the caller's rstd_scale pass writes A = x * g, A here is an
+    empty buffer) or the N x D weight (folded per call).
     """
     if w_folded is not None:
-        return x2, w_folded
-    if x2.shape[0] < w_lin.shape[0]:
-        return x2 * w_norm, w_lin
-    return x2, fold_weight(w_norm, w_lin)
+        return x2, w_folded, False
+    if scale_x_side(x2.shape[0], w_lin.shape[0]):
+        return torch.empty_like(x2, memory_format=torch.contiguous_format), w_lin, True
+    return x2, fold_weight(w_norm, w_lin), False
 
 
 def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
@@ -416,12 +425,20 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
     b = _vec(bias)
     bptr = b.data_ptr() if b is not None else 0
     mod = ext.module
-    if p["path"] == "stream":  # plan() gives it only a folded call (w_folded set)
+    if p["path"] == "stream":
         bn, stages, wgmma, fence, rows = stream_args(p, wgmma_ok=cap == (9, 0) and ext.has_stream_wgmma)
-        w2 = _as_2d_rows(w_folded, "w_folded")
+        rstd_ptr = 0
+        if w_folded is not None:  # the modules' W': the kernel takes rstd from the x tiles it streams
+            xs, w2 = x2, _as_2d_rows(w_folded, "w_folded")
+        else:  # a functional call ("fn" entry): x * g and rstd from one pass over x, then W as is
+            xs, w2, g = torch.empty((M, D), dtype=x.dtype, device=x.device), _as_2d_rows(w_lin, "w_lin"), _vec(w_norm)
+            rstd = torch.empty(M, dtype=torch.float32, device=x.device)
+            mod.rstd_scale(dt, x2.data_ptr(), _ld(x2), g.data_ptr(), xs.data_ptr(), D, rstd.data_ptr(), M, D,
+                           float(eps), stream)  # fmt: skip
+            rstd_ptr = rstd.data_ptr()
         mod.decode_stream(
-            dt, x2.data_ptr(), _ld(x2), w2.data_ptr(), _ld(w2), bptr, out.data_ptr(), out.stride(0), M, N, D,
-            float(eps), bn, stages, stream, wgmma, fence, rows,
+            dt, xs.data_ptr(), _ld(xs), w2.data_ptr(), _ld(w2), bptr, out.data_ptr(), out.stride(0), M, N, D,
+            float(eps), bn, stages, stream, wgmma, fence, rows, rstd_ptr,
         )  # fmt: skip
         return out.reshape(*lead, N)
     if p["path"] == "decode_mma":
@@ -450,7 +467,7 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
             int(p.get("grid_blocks", 0)), stream,
         )  # fmt: skip
         return out.reshape(*lead, N)
-    a, wf = _gemm_operands(x2, w_norm, w_lin, w_folded)
+    a, wf, scaled = _gemm_operands(x2, w_norm, w_lin, w_folded)
     wf = _as_2d_rows(wf, "w_folded")
     cfg = int(p.get("config", 0)) if p["path"] == "gemm" else -1
     if cfg in SM90_SELF_RSTD_TWIN and (cap[0] != 9 or a is not x2 or M > SM90_SELF_RSTD_TOKENS[cfg]):
@@ -468,7 +485,11 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
         side = rstd_side_ctas(cfg, M, N, sms)
         if not side:
             side, max_ctas, streamed = rstd_streamed(cfg, M, N, sms, int(p.get("raster", 0)))
-    if not self_rstd:
+    if scaled:  # rstd and A = x * g in one pass over x; the GEMM reads A from its first k-block, so no PDL below
+        g = _vec(w_norm)
+        mod.rstd_scale(dt, x2.data_ptr(), _ld(x2), g.data_ptr(), a.data_ptr(), _ld(a), rstd.data_ptr(), M, D,
+                       float(eps), stream)  # fmt: skip
+    elif not self_rstd:
         mod.rstd(dt, x2.data_ptr(), _ld(x2), rstd.data_ptr(), M, D, float(eps), stream, side, streamed)
     if p["path"] == "gemm":
         if cap[0] == 9:
@@ -479,7 +500,7 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
                 pdl = SELF_RSTD_PDL and bool(p.get("pdl", True)) and wf is w_folded and _w_settled(wf)
                 SELF_RSTD_PDL_LAUNCHES[0] += pdl
             else:
-                pdl = bool(p.get("pdl", True))
+                pdl = bool(p.get("pdl", True)) and not scaled
             mod.gemm_sm90(
                 dt, cfg, a.data_ptr(), _ld(a), wf.data_ptr(), _ld(wf), rstd_ptr, bptr,
                 out.data_ptr(), out.stride(0), M, N, D, pdl, stream, *knobs, wsp, wsn, float(eps),
