@@ -5,6 +5,8 @@
 #include "frms.h"
 #include "vec.cuh"
 
+#include <type_traits>
+
 namespace {
 // A row is summed by a group of kWpr warps (1, 2, 4 or 8: the fewest for which each lane has at most
 // kLoads 16-byte chunks of the row), and every lane issues all of its loads before the first FMA. The
@@ -184,15 +186,21 @@ void launch(const void* x, int64_t ldx, float* rstd, int64_t M, int64_t K, float
   }
 }
 
+// f(std::integral_constant<int, warps_per_row(K)>{}): the compile-time row-group size of every launcher here
+template <typename F>
+void with_wpr(int64_t K, F&& f) {
+  switch (warps_per_row(K)) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    default: return f(std::integral_constant<int, 8>{});
+  }
+}
+
 template <typename T>
 void launch_any(const void* x, int64_t ldx, float* rstd, int64_t M, int64_t K, float eps, int ctas, int streamed,
                 cudaStream_t s) {
-  switch (warps_per_row(K)) {
-    case 1: return launch<T, 1>(x, ldx, rstd, M, K, eps, ctas, streamed, s);
-    case 2: return launch<T, 2>(x, ldx, rstd, M, K, eps, ctas, streamed, s);
-    case 4: return launch<T, 4>(x, ldx, rstd, M, K, eps, ctas, streamed, s);
-    default: return launch<T, 8>(x, ldx, rstd, M, K, eps, ctas, streamed, s);
-  }
+  with_wpr(K, [&](auto w) { launch<T, decltype(w)::value>(x, ldx, rstd, M, K, eps, ctas, streamed, s); });
 }
 }  // namespace
 
@@ -228,12 +236,7 @@ void launch_scale(const void* x, int64_t ldx, const void* g, void* xg, int64_t l
 template <typename T>
 void launch_scale_any(const void* x, int64_t ldx, const void* g, void* xg, int64_t ldxg, float* rstd, int64_t M,
                       int64_t K, float eps, cudaStream_t s) {
-  switch (warps_per_row(K)) {
-    case 1: return launch_scale<T, 1>(x, ldx, g, xg, ldxg, rstd, M, K, eps, s);
-    case 2: return launch_scale<T, 2>(x, ldx, g, xg, ldxg, rstd, M, K, eps, s);
-    case 4: return launch_scale<T, 4>(x, ldx, g, xg, ldxg, rstd, M, K, eps, s);
-    default: return launch_scale<T, 8>(x, ldx, g, xg, ldxg, rstd, M, K, eps, s);
-  }
+  with_wpr(K, [&](auto w) { launch_scale<T, decltype(w)::value>(x, ldx, g, xg, ldxg, rstd, M, K, eps, s); });
 }
 }  // namespace
 

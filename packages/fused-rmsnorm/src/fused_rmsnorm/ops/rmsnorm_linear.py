@@ -392,6 +392,14 @@ def _gemm_operands(x2, w_norm, w_lin, w_folded):
     return x2, fold_weight(w_norm, w_lin), False
 
 
+def _rstd_scale(mod, dt, x2, w_norm, xg, rstd, eps, stream) -> None:
+    """rstd[M] and xg = x * g (unit inner stride) from one pass over x (csrc/rstd.cu rstd_scale): the operands of
+    a functional call, which has no cached W'."""
+    g = _vec(w_norm)
+    mod.rstd_scale(dt, x2.data_ptr(), _ld(x2), g.data_ptr(), xg.data_ptr(), _ld(xg), rstd.data_ptr(), x2.shape[0],
+                   x2.shape[1], float(eps), stream)  # fmt: skip
+
+
 def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
     """Run the CUDA extension. Raises (rather than falls back) on tensors it cannot take."""
     for name, t in (("x", x), ("w_norm", w_norm), ("w_lin", w_lin), ("bias", bias), ("w_folded", w_folded)):
@@ -431,10 +439,9 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
         if w_folded is not None:  # the modules' W': the kernel takes rstd from the x tiles it streams
             xs, w2 = x2, _as_2d_rows(w_folded, "w_folded")
         else:  # a functional call ("fn" entry): x * g and rstd from one pass over x, then W as is
-            xs, w2, g = torch.empty((M, D), dtype=x.dtype, device=x.device), _as_2d_rows(w_lin, "w_lin"), _vec(w_norm)
+            xs, w2 = torch.empty((M, D), dtype=x.dtype, device=x.device), _as_2d_rows(w_lin, "w_lin")
             rstd = torch.empty(M, dtype=torch.float32, device=x.device)
-            mod.rstd_scale(dt, x2.data_ptr(), _ld(x2), g.data_ptr(), xs.data_ptr(), D, rstd.data_ptr(), M, D,
-                           float(eps), stream)  # fmt: skip
+            _rstd_scale(mod, dt, x2, w_norm, xs, rstd, eps, stream)
             rstd_ptr = rstd.data_ptr()
         mod.decode_stream(
             dt, xs.data_ptr(), _ld(xs), w2.data_ptr(), _ld(w2), bptr, out.data_ptr(), out.stride(0), M, N, D,
@@ -486,9 +493,7 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
         if not side:
             side, max_ctas, streamed = rstd_streamed(cfg, M, N, sms, int(p.get("raster", 0)))
     if scaled:  # rstd and A = x * g in one pass over x; the GEMM reads A from its first k-block, so no PDL below
-        g = _vec(w_norm)
-        mod.rstd_scale(dt, x2.data_ptr(), _ld(x2), g.data_ptr(), a.data_ptr(), _ld(a), rstd.data_ptr(), M, D,
-                       float(eps), stream)  # fmt: skip
+        _rstd_scale(mod, dt, x2, w_norm, a, rstd, eps, stream)
     elif not self_rstd:
         mod.rstd(dt, x2.data_ptr(), _ld(x2), rstd.data_ptr(), M, D, float(eps), stream, side, streamed)
     if p["path"] == "gemm":
