@@ -1,7 +1,7 @@
 """Decode kernels under Nsight Compute: ours next to the cuBLAS kernel F.linear picks, same shapes.
 
     ncu --nvtx --nvtx-include "prof/" --clock-control none --csv --metrics <list> \
-        python scripts/ncu_decode.py [--cases rms,int8]   (also: rmsmod / rmsbig, the modules' path)
+        python scripts/ncu_decode.py [--cases rms,int8]   (also: rmsmod / rmsdec / rmsbig, the modules' path)
 
 Each case runs once outside the NVTX range (compile, plan caches, autotune) and once inside the range
 "prof", right after one `torch.cuda._sleep` marker kernel, so ncu profiles exactly one call of each
@@ -44,6 +44,12 @@ def rms_module_cases(dev):
     yield from _module_cases(dev, "rmsmod", [(16, 4096, 14336), (1024, 2048, 2048)])
 
 
+def rms_decode_module_cases(dev):
+    """The modules' decode kernels by table: 5120^2 (the 40-row wgmma stream kernel, 1.10x F.linear's CUDA-graph
+    time on the H200 in session 39), next to N14336 (2-warpgroup stream, at F.linear) and 4096^2 (decode_mma)."""
+    yield from _module_cases(dev, "rmsdec", [(1, 5120, 5120), (16, 5120, 5120), (16, 4096, 14336), (1, 4096, 4096)])
+
+
 def rms_big_cases(dev):
     """B4096 D4096 N4096, the prefill bar's largest case: the 128x256 cooperative GEMM (config 0) next to the
     kernel cuBLAS picks (its name gives the tile, stages and cluster)."""
@@ -83,7 +89,13 @@ def main() -> int:
     args = ap.parse_args()
     only = [t for t in args.only.split(",") if t]
     dev = torch.device("cuda")
-    gens = {"rms": rms_cases, "rmsmod": rms_module_cases, "rmsbig": rms_big_cases, "int8": int8_cases}
+    gens = {
+        "rms": rms_cases,
+        "rmsmod": rms_module_cases,
+        "rmsdec": rms_decode_module_cases,
+        "rmsbig": rms_big_cases,
+        "int8": int8_cases,
+    }
     with torch.no_grad():
         i = 0
         for name in args.cases.split(","):

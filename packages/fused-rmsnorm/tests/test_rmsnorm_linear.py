@@ -173,10 +173,12 @@ def test_plan_sm90():
              (16, 5120, 5120): {"path": "stream", "wgmma": True, "bn": 64, "stages": 8, "rows": 40}}  # fmt: skip
     for (M, N, K), want in cases.items():
         assert plan("sm90", M, N, K, has_gemm=True) == want, (M, N, K)
-        # functional calls (no folded W') keep the decode kernel there: the GEMM would pay a per-call x * g, and
-        # the stream kernel reads W' only
+        # functional calls (no folded W'): the GEMM would pay a per-call x * g, so they take decode_mma, or the
+        # stream kernel on W after rstd_scale where both H100 and H200 measured it faster (session 39: 9-16 tokens,
+        # and 5120^2); never an "fn" key left inside
         p = plan("sm90", M, N, K, has_gemm=True, folded=False)
-        assert p["path"] == "decode_mma" and "fn" not in p, (M, p)
+        fn_stream = M > 8 or N == 5120
+        assert p == want if fn_stream else (p["path"] == "decode_mma" and "fn" not in p), (M, N, K, p)
         # a binary without the tensor-core decode kernels runs the CUDA-core GEMV for a stream entry
         if want["path"] == "stream":
             assert plan("sm90", M, N, K, has_gemm=True, has_mma=False)["path"] == "decode", (M, N, K)
