@@ -82,26 +82,11 @@ __device__ __forceinline__ uint32_t swz(int row, int chunk) {
   return uint32_t(row) * (kBK * 2) + uint32_t((chunk ^ (row & 7)) * 16);
 }
 
-// byte offset of (row, 16-byte chunk 0..15) of a 128-wide k-block stored as two [rows][128 B] halves
-[[maybe_unused]] __device__ __forceinline__ uint32_t swz128(int row, int chunk, int rows) {
-  return uint32_t(chunk >> 3) * uint32_t(rows * 128) + uint32_t(row) * 128 + uint32_t(((chunk & 7) ^ (row & 7)) * 16);
-}
-
-// Byte offset of (row, chunk) in a stage of either kernel: mma.sync's [rows][256 B] (ldmatrix) or, kHalves,
-// wgmma's two [rows][128 B] halves
-template <bool kHalves>
-__device__ __forceinline__ uint32_t stage_off(int row, int chunk, int rows) {
-  if constexpr (kHalves)
-    return swz128(row, chunk, rows);
-  else
-    return swz(row, chunk);
-}
-
-// One ring stage: ROWS rows of W' from row n0 and the 16 token rows of x, k-block at k0, into shared address st (x
-// after the W' part) by NT threads; 16 consecutive threads load one row's 256 B; rows / tokens / k past the end are
-// zeros. ROWS is a compile-time constant and a multiple of NT / 16: a runtime row count, or a per-row test, put a
-// branch around every cp.async and made the wgmma kernel 35-70% slower (session 31, H200).
-template <typename T, int ROWS, int NT, bool kHalves>
+// One ring stage of the mma.sync kernel: ROWS rows of W' from row n0 and the 16 token rows of x, k-block at k0, into
+// shared address st (x after the W' part) by NT threads; 16 consecutive threads load one row's 256 B; rows / tokens /
+// k past the end are zeros. ROWS is a compile-time constant and a multiple of NT / 16: a runtime row count, or a
+// per-row test, put a branch around every cp.async and made the wgmma kernel 35-70% slower (session 31, H200).
+template <typename T, int ROWS, int NT>
 __device__ __forceinline__ void load_stage(const Params& p, uint32_t st, int64_t k0, int64_t n0, int tid) {
   static_assert((ROWS * kChunks) % NT == 0);
   const T* __restrict__ w = static_cast<const T*>(p.w);
@@ -111,14 +96,14 @@ __device__ __forceinline__ void load_stage(const Params& p, uint32_t st, int64_t
     const int i = tid + j * NT, row = i / kChunks, c = i % kChunks;
     const int64_t n = n0 + row, k = k0 + c * 8;
     const bool ok = n < p.N && k < p.K;
-    cp_async16(st + stage_off<kHalves>(row, c, ROWS), ok ? w + n * p.ldw + k : w, ok ? 16 : 0);
+    cp_async16(st + swz(row, c), ok ? w + n * p.ldw + k : w, ok ? 16 : 0);
   }
 #pragma unroll
   for (int j = 0; j < kTok * kChunks / NT; ++j) {
     const int i = tid + j * NT, t = i / kChunks, c = i % kChunks;
     const int64_t k = k0 + c * 8;
     const bool ok = t < p.M && k < p.K;
-    cp_async16(st + ROWS * kBK * 2 + stage_off<kHalves>(t, c, kTok), ok ? x + t * p.ldx + k : x, ok ? 16 : 0);
+    cp_async16(st + ROWS * kBK * 2 + swz(t, c), ok ? x + t * p.ldx + k : x, ok ? 16 : 0);
   }
 }
 
@@ -172,7 +157,7 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(Params p) {
   const int kt_count = int((K + kBK - 1) / kBK);
   const uint32_t s0 = smem_u32(smem);
   auto issue = [&](int kt) {
-    load_stage<T, BN, kThreads, false>(p, s0 + uint32_t(kt % STAGES) * kStageBytes, int64_t(kt) * kBK, n0, tid);
+    load_stage<T, BN, kThreads>(p, s0 + uint32_t(kt % STAGES) * kStageBytes, int64_t(kt) * kBK, n0, tid);
   };
 
 #pragma unroll
@@ -227,29 +212,28 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(Params p) {
 
 // ------------------------------------------------------------------------------ sm_90a: wgmma from shared memory
 
-// wgmma shared-memory descriptor of a K-major SWIZZLE_128B tile: start address, 8-row groups 1024 B apart (stride
-// byte offset), leading byte offset unused for this layout. Tiles start 1024-byte aligned, so a k16 step inside a
-// 64-wide half is +32 bytes on the start address (the swizzle applies to the address bits).
-[[maybe_unused]] __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
-  return uint64_t((saddr & 0x3FFFF) >> 4) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
-
+// wgmma shared-memory descriptor of a K-major SWIZZLE_128B tile, as two 32-bit words: the low word is the start
+// address >> 4 (the leading byte offset above it is unused for this layout), the high word the same for every tile:
+// 8-row groups 1024 B apart (stride byte offset) and swizzle mode 1. Tiles start 1024-byte aligned, so a k16 step
+// inside a 64-wide half is +32 bytes on the start address (the swizzle applies to the address bits), and every
+// descriptor of a stage is the stage's low word plus a constant: one uniform add each.
+[[maybe_unused]] constexpr uint32_t kDescHi = (1024u >> 4) | (1u << 30);
 
 template <typename T>
-__device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], uint64_t da, uint64_t db) {
+__device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], uint32_t a_lo, uint32_t b_lo) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}"
+        "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, 1, 0;\nmov.b64 da, {%8, %10};\nmov.b64 db, {%9, %10};\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, da, db, p, 1, 1, 0, 0;\n}"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "l"(da), "l"(db));
+        : "r"(a_lo), "r"(b_lo), "r"(kDescHi));
   } else {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}"
+        "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, 1, 0;\nmov.b64 da, {%8, %10};\nmov.b64 db, {%9, %10};\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, da, db, p, 1, 1, 0, 0;\n}"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "l"(da), "l"(db));
+        : "r"(a_lo), "r"(b_lo), "r"(kDescHi));
   }
 #endif
 }
@@ -263,24 +247,52 @@ __device__ __forceinline__ void wgmma_wait() {
 
 [[maybe_unused]] __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
+[[maybe_unused]] __device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
+// A stage of the wgmma kernel holds a 128-wide k-block as two 64-wide halves, each [ROWS + 16][128 B]: the CTA's ROWS
+// rows of W', then the 16 token rows of x, 16-byte chunks XOR-swizzled by row % 8 (wgmma's K-major SWIZZLE_128B
+// layout; ROWS % 8 == 0 keeps x's tile 1024-aligned). Bytes of half h, row r, chunk c % 8:
+__host__ __device__ constexpr int wg_half_bytes(int rows) { return (rows + kTok) * 128; }
+
+// How much the wgmma ring reads past its last stage: with ROWS + 16 < BN the last m64 tile's rows past x run into the
+// next half / stage, and past the last one by (BN - ROWS - 16) rows (their accumulator rows are not used)
+__host__ __device__ constexpr int wg_overrun(int bn, int rows) { return bn > rows + kTok ? (bn - rows - kTok) * 128 : 0; }
+
 // WG warpgroups per CTA, each owning BN / WG rows of W' (kMT m64 tiles). WG 1: the next stage's loads go out
 // once this warpgroup's wgmma of the previous k-block retired (STAGES - 1 blocks in flight). WG 2: a warpgroup
 // cannot see the other's wgmma retire, so the loads go out after the top barrier into the slot of k-block kt - 2,
 // which both retired one iteration earlier (STAGES - 2 in flight; twice the warps to hide each one's latency).
 // ROWS <= BN: the W' rows a CTA owns and loads (session 31). Fewer than BN put more CTAs on the SMs (5120: 128 CTAs of
-// 40 rows instead of 80 of 64) and shrink the stage, [2 halves][ROWS][128 B] of W' then x's [2][16][128 B];
-// the wgmma tiles' rows from ROWS to BN then read the stage's next rows, which reach only those rows of the
-// accumulator (finite or not), and those are not stored.
+// 40 rows instead of 80 of 64); the last m64 tile's rows from ROWS on then read x's rows of the stage (and past them
+// the next ones), which reach only those rows of the accumulator, and those are not stored.
+//
+// Lean loop (session 40): one warp per scheduler issues everything, and the session 39 kernel spent ~268 SASS
+// instructions per k-block (ncu on the H100: issue slots 27% busy at 2.9 cycles per instruction), most of them
+// recomputing each cp.async's row, chunk, bounds and swizzle, and each descriptor's mask and shift. On the H200,
+// whose HBM wants ~1.4x the H100's bytes per SM per cycle, that instruction stream set the pace at 5120^2 (1.10x
+// F.linear; parity on the H100). Now every address is fixed per thread before the loop (a thread's chunks of a
+// stage share one k column and sit kNT / 16 rows apart, so their shared addresses differ by constants), a full
+// k-block moves pointers only, and the descriptors are uniform adds. With ROWS + 16 <= BN ("Gram"), x's rows sit
+// inside the last m64 tile, so the same wgmma also computes x·xᵀ into accumulator rows ROWS.. ROWS + 15: token t's
+// sum of squares is row ROWS + t, column t (fp32 sums of exact bf16 / fp16 products), and the per-k-block sum of
+// squares from shared memory goes away.
 template <typename T, int BN, int STAGES, int WG, int ROWS>
 __global__ void __launch_bounds__(128 * WG) stream_wg_kernel(Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kNT = 128 * WG;          // threads
   constexpr int kMT = BN / 64 / WG;      // m64 tiles per warpgroup: wgmma's M is 64 W' rows
-  static_assert(ROWS <= BN && ROWS + 32 >= BN && ROWS % 8 == 0);  // the tile's rows past ROWS stay in the stage
-  constexpr int kWBytes = ROWS * kBK * 2;
-  constexpr int kStageBytes = kWBytes + kTok * kBK * 2;  // a multiple of 1024: every tile stays 1024-aligned
-  constexpr int kTpt = kNT / kTok;       // threads per token in the sum of squares
-  static_assert(kMT >= 1 && BN % (64 * WG) == 0 && (BN * kChunks) % kNT == 0 && kStageBytes % 1024 == 0);
+  static_assert(ROWS <= BN && ROWS + 32 >= BN && ROWS % 8 == 0);
+  constexpr int kHalf = wg_half_bytes(ROWS);
+  constexpr int kStageBytes = 2 * kHalf;  // a multiple of 1024: every tile stays 1024-aligned
+  constexpr bool kGram = ROWS + kTok <= BN;
+  constexpr int kStep = kNT / 16;        // rows between one thread's chunks (8 or 16: same row % 8, same swizzle)
+  constexpr int kJW = ROWS / kStep, kJX = kTok / kStep;  // a thread's chunks of W' and of x per stage
+  constexpr int kTpt = kNT / kTok;       // threads per token in the shared-memory sum of squares (not kGram)
+  static_assert(kMT >= 1 && BN % (64 * WG) == 0 && ROWS % kStep == 0 && kTok % kStep == 0 && kHalf % 1024 == 0);
   static_assert(WG == 1 || STAGES >= 3);
   extern __shared__ unsigned char smem[];
   __shared__ float rstd_s[kTok];
@@ -290,10 +302,46 @@ __global__ void __launch_bounds__(128 * WG) stream_wg_kernel(Params p) {
   const int tid = threadIdx.x, lane = tid & 31, warp = WG == 1 ? tid >> 5 : (tid >> 5) & 3, wg = WG == 1 ? 0 : tid >> 7;
   const int64_t n0 = int64_t(blockIdx.x) * ROWS;
   const int64_t K = p.K;
-  const int kt_count = int((K + kBK - 1) / kBK);
+  const int kt_count = int((K + kBK - 1) / kBK), kt_full = int(K / kBK);
+  const bool fence = p.fence != 0;
   const uint32_t s0 = (smem_u32(smem) + 1023u) & ~1023u;  // the launch adds 1 KB of slack for this
+
+  // This thread's copy plan: chunk c (k + 8 c) of rows r0 + kStep j of W' and tokens r0 + kStep e of x. Rows past N
+  // and tokens past M read the CTA's first row / token 0 (always in bounds) with 0 source bytes, i.e. zeros.
+  const int c = tid & 15, r0 = tid >> 4;
+  const uint32_t dst0 = uint32_t(c >> 3) * kHalf + uint32_t(r0) * 128 + uint32_t(((c & 7) ^ (r0 & 7)) * 16);
+  const T* wsrc[kJW];
+  int wsz[kJW];
+#pragma unroll
+  for (int j = 0; j < kJW; ++j) {
+    const int64_t n = n0 + r0 + kStep * j;
+    wsrc[j] = static_cast<const T*>(p.w) + (n < p.N ? n : n0) * p.ldw + c * 8;
+    wsz[j] = n < p.N ? 16 : 0;
+  }
+  const T* xsrc[kJX];
+  int xsz[kJX];
+#pragma unroll
+  for (int e = 0; e < kJX; ++e) {
+    const int t = r0 + kStep * e;
+    xsrc[e] = static_cast<const T*>(p.x) + (t < p.M ? t : 0) * p.ldx + c * 8;
+    xsz[e] = t < p.M ? 16 : 0;
+  }
   auto issue = [&](int kt) {
-    load_stage<T, ROWS, kNT, true>(p, s0 + uint32_t(kt % STAGES) * kStageBytes, int64_t(kt) * kBK, n0, tid);
+    const uint32_t d = s0 + uint32_t(kt % STAGES) * kStageBytes + dst0;
+    const int64_t k0 = int64_t(kt) * kBK;
+    if (kt < kt_full) {
+#pragma unroll
+      for (int j = 0; j < kJW; ++j) cp_async16(d + kStep * 128 * j, wsrc[j] + k0, wsz[j]);
+#pragma unroll
+      for (int e = 0; e < kJX; ++e) cp_async16(d + (ROWS + kStep * e) * 128, xsrc[e] + k0, xsz[e]);
+    } else {  // the partial last k-block: chunks at or past K are zeros, read from k = 0
+      const bool ok = k0 + c * 8 < K;
+#pragma unroll
+      for (int j = 0; j < kJW; ++j) cp_async16(d + kStep * 128 * j, ok ? wsrc[j] + k0 : wsrc[j], ok ? wsz[j] : 0);
+#pragma unroll
+      for (int e = 0; e < kJX; ++e)
+        cp_async16(d + (ROWS + kStep * e) * 128, ok ? xsrc[e] + k0 : xsrc[e], ok ? xsz[e] : 0);
+    }
   };
   constexpr int kAhead = WG == 1 ? STAGES - 1 : STAGES - 2;  // k-blocks in flight
 
@@ -308,20 +356,21 @@ __global__ void __launch_bounds__(128 * WG) stream_wg_kernel(Params p) {
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[mt][e] = 0.f;
-  float ss = 0.f;  // token tid / kTpt, chunks tid % kTpt + kTpt e
+  float ss = 0.f;  // not kGram: token tid / kTpt, chunks tid % kTpt + kTpt e
   const int ss_tok = int(unsigned(tid) / kTpt), ss_c = int(unsigned(tid) % kTpt);
+  const uint32_t a_wg = uint32_t(wg * kMT) * (64 * 128 / 16);  // this warpgroup's first tile, in descriptor units
 
   for (int kt = 0; kt < kt_count; ++kt) {
     cp_async_wait<kAhead - 1>();
     // this thread's cp.async writes, made visible to the async proxy that wgmma reads shared memory through
-    if (p.fence) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    if (fence) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();  // stage kt landed for every thread; every thread's sums of stage kt - 1 are done
     if constexpr (WG > 1) {
       if (kt + kAhead < kt_count) issue(kt + kAhead);  // the slot of k-block kt - 2
       cp_async_commit();
     }
     const uint32_t st = s0 + uint32_t(kt % STAGES) * kStageBytes;
-    const uint32_t xs = st + kWBytes;
+    const uint32_t lo = st >> 4;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -333,9 +382,9 @@ __global__ void __launch_bounds__(128 * WG) stream_wg_kernel(Params p) {
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {  // k16 steps of the 64-wide half: +32 B
-          const uint32_t a = st + uint32_t(h * ROWS * 128 + (wg * kMT + mt) * 64 * 128 + ks * 32);
-          const uint32_t b = xs + uint32_t(h * kTok * 128 + ks * 32);
-          wgmma_m64n16k16<T>(acc[mt], wg_desc(a), wg_desc(b));
+          const uint32_t a = lo + a_wg + uint32_t((h * kHalf + mt * 64 * 128 + ks * 32) >> 4);
+          const uint32_t b = lo + uint32_t((h * kHalf + ROWS * 128 + ks * 32) >> 4);
+          wgmma_m64n16k16<T>(acc[mt], a, b);
         }
       }
     }
@@ -349,13 +398,15 @@ __global__ void __launch_bounds__(128 * WG) stream_wg_kernel(Params p) {
       if (kt + kAhead < kt_count) issue(kt + kAhead);  // the slot of k-block kt - 1
       cp_async_commit();
     }
-    {
-      const unsigned char* xp = smem + (xs - smem_u32(smem));
+    if constexpr (!kGram) {
       constexpr int kE = kChunks / kTpt;  // chunks per thread: loads first, then the sums
       float f[kE][8];
 #pragma unroll
-      for (int e = 0; e < kE; ++e)
-        frms::unpack8<T>(*reinterpret_cast<const uint4*>(xp + swz128(ss_tok, ss_c + kTpt * e, kTok)), f[e]);
+      for (int e = 0; e < kE; ++e) {
+        const int ch = ss_c + kTpt * e;
+        frms::unpack8<T>(lds128(st + uint32_t((ch >> 3) * kHalf + (ROWS + ss_tok) * 128 + ((ch & 7) ^ (ss_tok & 7)) * 16)),
+                         f[e]);
+      }
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
         float t = ss;
@@ -372,7 +423,28 @@ __global__ void __launch_bounds__(128 * WG) stream_wg_kernel(Params p) {
     for (int e = 0; e < 8; ++e) fence_operand(acc[mt][e]);
   cp_async_wait<0>();
 
-  finish_rstd<kTpt>(ss, ss_tok, ss_c, p, rstd_s);
+  if constexpr (kGram) {
+    // x·xᵀ sits in the last tile's rows kX0.. kX0 + 15 (m64n16 C fragments: warp w rows 16 w + g + 8 h, value 4 j + 2 h
+    // + e at token 8 j + 2 (lane % 4) + e); the diagonal holds the sums of squares
+    constexpr int kX0 = ROWS - (BN - 64);
+    if (wg == WG - 1) {
+      const int g = lane >> 2, t2 = (lane & 3) * 2;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int tok = j * 8 + t2 + e;
+            if (warp * 16 + g + h * 8 - kX0 == tok)
+              rstd_s[tok] = !p.rstd ? rsqrtf(acc[kMT - 1][4 * j + 2 * h + e] / float(p.K) + p.eps)
+                            : tok < p.M ? p.rstd[tok] : 0.f;
+          }
+    }
+    __syncthreads();
+  } else {
+    finish_rstd<kTpt>(ss, ss_tok, ss_c, p, rstd_s);
+  }
   const int64_t r_end = ROWS == BN || n0 + ROWS > p.N ? p.N : n0 + ROWS;
   // m64n16 accumulator: warp w of a warpgroup holds rows 16 w .. 16 w + 15 of its m64 tile, in the m16n8
   // C-fragment layout per 8 tokens (value 4 j + 2 h + e)
@@ -467,7 +539,8 @@ inline bool wgmma_device() {
 template <typename T, int BN, int STAGES, int WG, int ROWS = BN>
 int launch_wg(const Params& p, cudaStream_t stream) {
   if (!wgmma_device()) return FRMS_ERR_NOT_BUILT;
-  constexpr size_t smem = size_t(STAGES) * (ROWS + kTok) * kBK * 2 + 1024;  // + slack to align the ring to 1 KB
+  // + 1 KB of slack to align the ring, + what the last tile reads past it
+  constexpr size_t smem = size_t(STAGES) * 2 * wg_half_bytes(ROWS) + 1024 + wg_overrun(BN, ROWS);
   static_assert(smem <= 226 * 1024);  // an H100 / H200 CTA's 227 KB opt-in, less the static part
   static bool attr_set[frms::kMaxDevices] = {};
   if (int e = opt_in_smem(stream_wg_kernel<T, BN, STAGES, WG, ROWS>, smem, attr_set)) return e;
@@ -477,8 +550,9 @@ int launch_wg(const Params& p, cudaStream_t stream) {
 }
 
 // rows: W' rows per CTA (0 = bn; the wgmma kernel's ROWS). Of session 31's row-count variants only those that won or
-// tied on the H200 are compiled (64x8 on 40 rows, 128x5 on 112; 64x4 / 64x12 on 40, 128x6 / 128x7 on 112 and 64x8
-// on 64 rows lost: benchmarks/results/logs/h200-s31-r3-probe_rmsnorm_stream-rows.log)
+// tied on the H200 were kept (64x8 on 40 rows, 128x5 on 112; 64x4 / 64x12 on 40, 128x6 / 128x7 on 112 and 64x8
+// on 64 rows lost: benchmarks/results/logs/h200-s31-r3-probe_rmsnorm_stream-rows.log); 64x8 on 64 rows and 128x6 on
+// 112 are back for session 40's lean loop, which needs fewer instructions per stage and so may gain from deeper rings.
 template <typename T>
 int dispatch(const Params& p, int bn, int stages, int wgmma, int rows, cudaStream_t stream) {
   if (rows == 0) rows = bn;
@@ -488,6 +562,7 @@ int dispatch(const Params& p, int bn, int stages, int wgmma, int rows, cudaStrea
     if (bn == 64 && stages == 4 && rows == 64) return launch_wg<T, 64, 4, 1>(p, stream);
     if (bn == 64 && stages == 5 && rows == 64) return launch_wg<T, 64, 5, 1>(p, stream);
     if (bn == 64 && stages == 6 && rows == 64) return launch_wg<T, 64, 6, 1>(p, stream);
+    if (bn == 64 && stages == 8 && rows == 64) return launch_wg<T, 64, 8, 1>(p, stream);
     if (bn == 64 && stages == 8 && rows == 40) return launch_wg<T, 64, 8, 1, 40>(p, stream);
     return FRMS_ERR_BAD_ARG;
   }
@@ -495,6 +570,7 @@ int dispatch(const Params& p, int bn, int stages, int wgmma, int rows, cudaStrea
     if (bn == 128 && stages == 5 && rows == 128) return launch_wg<T, 128, 5, 2>(p, stream);
     if (bn == 128 && stages == 6 && rows == 128) return launch_wg<T, 128, 6, 2>(p, stream);
     if (bn == 128 && stages == 5 && rows == 112) return launch_wg<T, 128, 5, 2, 112>(p, stream);
+    if (bn == 128 && stages == 6 && rows == 112) return launch_wg<T, 128, 6, 2, 112>(p, stream);
     return FRMS_ERR_BAD_ARG;
   }
   if (wgmma != 0 || rows != bn) return FRMS_ERR_BAD_ARG;
