@@ -552,7 +552,8 @@ int launch_wg(const Params& p, cudaStream_t stream) {
 // rows: W' rows per CTA (0 = bn; the wgmma kernel's ROWS). Of session 31's row-count variants only those that won or
 // tied on the H200 were kept (64x8 on 40 rows, 128x5 on 112; 64x4 / 64x12 on 40, 128x6 / 128x7 on 112 and 64x8
 // on 64 rows lost: benchmarks/results/logs/h200-s31-r3-probe_rmsnorm_stream-rows.log); 64x8 on 64 rows and 128x6 on
-// 112 are back for session 40's lean loop, which needs fewer instructions per stage and so may gain from deeper rings.
+// 112 are back for session 40's lean loop, which needs fewer instructions per stage and so may gain from deeper rings,
+// and 32 rows (8 or 12 stages) put 4096 rows of W' on 128 CTAs.
 template <typename T>
 int dispatch(const Params& p, int bn, int stages, int wgmma, int rows, cudaStream_t stream) {
   if (rows == 0) rows = bn;
@@ -564,6 +565,8 @@ int dispatch(const Params& p, int bn, int stages, int wgmma, int rows, cudaStrea
     if (bn == 64 && stages == 6 && rows == 64) return launch_wg<T, 64, 6, 1>(p, stream);
     if (bn == 64 && stages == 8 && rows == 64) return launch_wg<T, 64, 8, 1>(p, stream);
     if (bn == 64 && stages == 8 && rows == 40) return launch_wg<T, 64, 8, 1, 40>(p, stream);
+    if (bn == 64 && stages == 8 && rows == 32) return launch_wg<T, 64, 8, 1, 32>(p, stream);
+    if (bn == 64 && stages == 12 && rows == 32) return launch_wg<T, 64, 12, 1, 32>(p, stream);
     return FRMS_ERR_BAD_ARG;
   }
   if (wgmma == 2) {  // two warpgroups, 64 W' rows each
