@@ -255,7 +255,8 @@ __device__ __forceinline__ void wgmma_wait() {
 
 // A stage of the wgmma kernel holds a 128-wide k-block as two 64-wide halves, each [ROWS + 16][128 B]: the CTA's ROWS
 // rows of W', then the 16 token rows of x, 16-byte chunks XOR-swizzled by row % 8 (wgmma's K-major SWIZZLE_128B
-// layout; ROWS % 8 == 0 keeps x's tile 1024-aligned). Bytes of half h, row r, chunk c % 8:
+// layout; ROWS % 8 == 0 keeps x's tile 1024-aligned): row r, 16-byte chunk c (0..15) at byte
+// (c / 8) * half + 128 r + 16 ((c % 8) ^ (r % 8)), x's token t being row ROWS + t.
 __host__ __device__ constexpr int wg_half_bytes(int rows) { return (rows + kTok) * 128; }
 
 // How much the wgmma ring reads past its last stage: with ROWS + 16 < BN the last m64 tile's rows past x run into the
