@@ -156,10 +156,13 @@ def test_extension_path_rejects_cpu_tensors(monkeypatch):
 def test_plan_sm90():
     from fused_rmsnorm.ops import rmsnorm_linear
 
-    # decode shapes go to the tensor-core decode kernel or (9..32 tokens, large weights) the swap-AB
-    # CUTLASS tiles, larger M to the CUTLASS GEMMs
+    # decode shapes (module path) go to the wgmma stream kernel (session 41: rows "auto" for N >= 1024, else the
+    # tensor-core decode kernel), 17..32 tokens of large weights to the swap-AB CUTLASS tiles, larger M to the
+    # CUTLASS GEMMs
     for M, N in ((1, 4096), (8, 4096)):
         p = plan("sm90", M, N, 4096, has_gemm=True)
+        assert p["path"] == "stream" and p["rows"] == 40, (M, p)
+        p = plan("sm90", M, N // 8, 4096, has_gemm=True)
         assert p["path"] == "decode_mma" and p["wn"] == 0 and p["ksplit"] == 0, (M, p)
     # session 12: at N14336 9..16 tokens take the swap-AB 64x16 tile computing rstd itself, on 112 CTAs (session
     # 26: its 224 W tiles two per CTA); session 29: the cp.async-ring "stream" kernel at 1..8 tokens of N14336 and
@@ -384,6 +387,38 @@ def test_stream_args_wgmma():
         assert rows * 16 % (128 * wg) == 0
 
 
+def test_stream_auto_rows(monkeypatch):
+    """ "rows": "auto": a compiled wgmma variant chosen from N and the SM count (the H100 sweep's winners at 132
+    SMs), resolved by plan for module and functional ("fn") entries alike; the real sm90 table sends <= 16
+    tokens at N >= 1024 to it and smaller N to decode_mma."""
+    from fused_rmsnorm.ops import rmsnorm_linear as op
+
+    rows = {n: op.stream_auto(n, 132)["rows"] for n in (1024, 2048, 4096, 5120, 6144, 10240, 11008, 14336, 28672)}
+    assert rows == {1024: 40, 2048: 40, 4096: 40, 5120: 40, 6144: 64, 10240: 40, 11008: 112, 14336: 112, 28672: 112}
+    assert op.stream_auto(5120, 114)["rows"] == 64  # 128 CTAs of 40 rows need a second round on 114 SMs
+    for n in range(1, 70000, 997):
+        for sms in (78, 114, 132):
+            c = op.stream_auto(n, sms)
+            assert (c["bn"], c["stages"], c["warpgroups"], c["rows"]) in op.STREAM_WG_VARIANTS
+    entry = {"path": "stream", "wgmma": True, "rows": "auto", "fn": {"path": "stream", "wgmma": True, "rows": "auto"}}
+    monkeypatch.setattr(op._TUNING, "lookup", lambda *a, **k: {**entry, "fn": dict(entry["fn"])})
+    want = {"path": "stream", "wgmma": True, "bn": 128, "stages": 6, "warpgroups": 2, "rows": 112}
+    for folded in (True, False):
+        p = plan("sm90", 16, 14336, 4096, has_gemm=True, folded=folded, sms=132)
+        assert p == want and op.stream_args(p) == (128, 6, 2, 0, 112)
+    monkeypatch.undo()
+    p = plan("sm90", 8, 4096, 4096, has_gemm=True, sms=132)
+    assert p == {"path": "stream", "wgmma": True, "bn": 64, "stages": 8, "warpgroups": 1, "rows": 40}
+    # functional calls: decode_mma below 2^25 weights (rstd_scale's extra launch costs more than the kernels
+    # differ), the stream kernel on x * g above (H100 session 41: 0.93-1.10x F.linear against 1.06-1.22x)
+    assert plan("sm90", 8, 4096, 4096, has_gemm=True, folded=False, sms=132)["path"] == "decode_mma"
+    assert plan("sm90", 1, 4096, 4096, has_gemm=True, folded=False, sms=132)["wload"] == 1
+    assert plan("sm90", 8, 4096, 14336, has_gemm=True, folded=False, sms=132)["rows"] == 40
+    assert plan("sm90", 8, 28672, 4096, has_gemm=True, folded=False, sms=132)["rows"] == 112
+    assert plan("sm90", 8, 512, 4096, has_gemm=True, sms=132)["path"] == "decode_mma"
+    assert plan("sm90", 17, 4096, 4096, has_gemm=True, sms=132)["path"] == "gemm"
+
+
 def test_plan_decode_mma_fallbacks():
     # a binary / GPU without the tensor-core kernel runs the CUDA-core decode kernel instead
     assert plan("sm90", 8, 4096, 4096, has_gemm=True, has_mma=False)["path"] == "decode"
@@ -589,8 +624,9 @@ def test_gpu_decode_mma_vs_fp32(M, D, dtype, with_bias):
     N = 1000 + 8 * M + 3  # not a multiple of any tile size
     x, g, w, b = _gpu_case(M, D, N, dtype, bias=with_bias, seed=M + D)
     xs = torch.cat([x, x[:, :72]], dim=1)[:, :D]  # row stride D + 72: strided rows
-    if M <= 16:  # the shipped sm90 table routes 17..32 to the GEMM: the module path covers it then
-        assert plan("sm90", M, N, D, has_gemm=True)["path"] == "decode_mma"
+    if M <= 16:  # the shipped sm90 table routes 17..32 to the GEMM (and, since session 41, module calls of
+        # N >= 1024 to the wgmma stream kernel): the module path covers those then
+        assert plan("sm90", M, N, D, has_gemm=True, folded=False)["path"] == "decode_mma"
     y = fused_rmsnorm_linear(xs, g, w, b, eps=1e-5)
     ref = _ref32(x, g, w, b, 1e-5).double()
     assert torch.isfinite(y).all() and rel_err(y, ref) <= 1e-2

@@ -104,10 +104,12 @@ def plan(
     """
     # T128: tiles of a 128 x 128 output grid, so an entry can ask for about one wave of such tiles
     wave = int(wave_prefers_128x128(M, N, sms)) if M * N >= 2**23 else 0  # only the MN rule's rows ask
-    cfg = _TUNING.lookup(arch, M=M, N=N, K=K, MN=M * N, T128=cdiv(M, 128) * cdiv(N, 128), WAVE_C1=wave)
+    cfg = _TUNING.lookup(arch, M=M, N=N, K=K, MN=M * N, NK=N * K, T128=cdiv(M, 128) * cdiv(N, 128), WAVE_C1=wave)
     fn = cfg.pop("fn", None)
     if fn is not None and not folded:
         cfg = dict(fn)
+    if cfg.get("rows") == "auto":
+        cfg.update(stream_auto(N, sms))
     path = cfg.get("path", "gemm")
     if path == "stream" and ((not folded and fn is None) or M > STREAM_MAX_M):
         cfg, path = {"wn": 0, "ksplit": 0}, "decode_mma"
@@ -144,6 +146,22 @@ STREAM_WG_VARIANTS = (
     (64, 8, 1, 40), (64, 8, 1, 32), (64, 12, 1, 32), (128, 5, 2, 128), (128, 6, 2, 128), (128, 5, 2, 112),
     (128, 6, 2, 112),
 )  # fmt: skip
+
+
+# "rows": "auto" in a wgmma stream entry (the sm90 catch-all for <= 16 tokens): of these compiled (bn, stages,
+# warpgroups, rows), the one whose busiest SM streams the fewest W' rows, ceil(ceil(N / rows) / SMs) * rows, each
+# weighted by its cost per row (fewer rows per CTA pay more per row: the x tile, the ring's fill and drain, and a
+# CTA's own load limit). Weights fit to session 41's H100 sweep (scripts/probe_rmsnorm_stream.py, D 2048-14336, N
+# 1024-28672, M 1 and 16; benchmarks/results/probes/h100-probe_rmsnorm_stream-s41-sweep.json): the rule picks
+# the fastest variant or one within 2.5% of it at every shape there, at 0.90-1.01x F.linear where N >= 2048
+# against decode_mma's 1.04-1.31x; first listed wins a tie.
+STREAM_AUTO = ((64, 8, 1, 40, 1.0), (128, 6, 2, 112, 0.72), (64, 6, 1, 64, 1.1), (64, 8, 1, 32, 1.3))
+
+
+def stream_auto(N: int, sms: int) -> dict:
+    """The "rows": "auto" choice at N output features on ``sms`` SMs: {"bn", "stages", "warpgroups", "rows"}."""
+    bn, stages, wg, rows, _ = min(STREAM_AUTO, key=lambda v: cdiv(cdiv(N, v[3]), sms) * v[3] * v[4])
+    return {"bn": bn, "stages": stages, "warpgroups": wg, "rows": rows}
 
 
 def stream_args(cfg: dict, wgmma_ok: bool = True) -> tuple[int, int, int, int, int]:
