@@ -50,6 +50,8 @@ for bn, st, g, r in op.STREAM_WG_VARIANTS:
     }
 # timed only when PROBE_VARIANTS names it (session 30's run 2: the fence cost 0-0.8 us)
 EXTRA = {"wg1 64x4 fence": {**_WG, "bn": 64, "stages": 4, "proxy_fence": True}}
+# session 41: the tensor-core decode kernel's default (the sm90 catch-all before rows "auto"), for comparison
+EXTRA["decode_mma"] = {"path": "decode_mma", "wn": 0, "ksplit": 0}
 if os.environ.get("PROBE_VARIANTS"):
     VARIANTS = {k: {**VARIANTS, **EXTRA}[k] for k in os.environ["PROBE_VARIANTS"].split(",")}
 
