@@ -247,17 +247,6 @@ __device__ __forceinline__ void wgmma_wait() {
 
 [[maybe_unused]] __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
-[[maybe_unused]] __device__ __forceinline__ void sts128(uint32_t addr, uint4 v) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-}
-
-// 16 bytes from L2, not L1: the data was written by the grid this kernel (a programmatic dependent) waited for
-[[maybe_unused]] __device__ __forceinline__ uint4 ldg_cg128(const void* ptr) {
-  uint4 v;
-  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr) : "memory");
-  return v;
-}
-
 [[maybe_unused]] __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
@@ -338,63 +327,29 @@ __global__ void __launch_bounds__(128 * WG) stream_wg_kernel(Params p) {
     xsrc[e] = static_cast<const T*>(p.x) + (t < p.M ? t : 0) * p.ldx + c * 8;
     xsz[e] = t < p.M ? 16 : 0;
   }
-  // W' (with_w) and / or x (with_x) of k-block kt into its ring slot
-  auto issue = [&](int kt, bool with_w, bool with_x) {
+  auto issue = [&](int kt) {
     const uint32_t d = s0 + uint32_t(kt % STAGES) * kStageBytes + dst0;
     const int64_t k0 = int64_t(kt) * kBK;
     if (kt < kt_full) {
 #pragma unroll
-      for (int j = 0; j < kJW; ++j)
-        if (with_w) cp_async16(d + kStep * 128 * j, wsrc[j] + k0, wsz[j]);
+      for (int j = 0; j < kJW; ++j) cp_async16(d + kStep * 128 * j, wsrc[j] + k0, wsz[j]);
 #pragma unroll
-      for (int e = 0; e < kJX; ++e)
-        if (with_x) cp_async16(d + (ROWS + kStep * e) * 128, xsrc[e] + k0, xsz[e]);
+      for (int e = 0; e < kJX; ++e) cp_async16(d + (ROWS + kStep * e) * 128, xsrc[e] + k0, xsz[e]);
     } else {  // the partial last k-block: chunks at or past K are zeros, read from k = 0
       const bool ok = k0 + c * 8 < K;
 #pragma unroll
-      for (int j = 0; j < kJW; ++j)
-        if (with_w) cp_async16(d + kStep * 128 * j, ok ? wsrc[j] + k0 : wsrc[j], ok ? wsz[j] : 0);
+      for (int j = 0; j < kJW; ++j) cp_async16(d + kStep * 128 * j, ok ? wsrc[j] + k0 : wsrc[j], ok ? wsz[j] : 0);
 #pragma unroll
       for (int e = 0; e < kJX; ++e)
-        if (with_x) cp_async16(d + (ROWS + kStep * e) * 128, ok ? xsrc[e] + k0 : xsrc[e], ok ? xsz[e] : 0);
+        cp_async16(d + (ROWS + kStep * e) * 128, ok ? xsrc[e] + k0 : xsrc[e], ok ? xsz[e] : 0);
     }
   };
   constexpr int kAhead = WG == 1 ? STAGES - 1 : STAGES - 2;  // k-blocks in flight
 
-  if (!p.rstd) {
 #pragma unroll
-    for (int s = 0; s < kAhead; ++s) {
-      if (s < kt_count) issue(s, true, true);
-      cp_async_commit();
-    }
-  } else {
-    // A functional call: launched as the programmatic dependent of rstd_scale, which writes this x (= x * g) and
-    // rstd. W is the caller's weight, settled before that grid started, so the ring's first k-blocks of W go out
-    // while rstd_scale still runs (the launch and its ~1 us pass over x hide under them). x of those k-blocks
-    // comes after the grid-dependency wait as plain L2 loads and shared stores: cp.async groups cannot hold them,
-    // since group s must stay "W and x of k-block s" for the loop's waits. The stores reach wgmma (async proxy)
-    // through the fence here and the loop's first barrier.
-#pragma unroll
-    for (int s = 0; s < kAhead; ++s) {
-      if (s < kt_count) issue(s, true, false);
-      cp_async_commit();
-    }
-    asm volatile("griddepcontrol.wait;" ::: "memory");  // rstd_scale's grid has completed, its writes visible
-    uint4 xv[kAhead][kJX];
-#pragma unroll
-    for (int s = 0; s < kAhead; ++s)
-#pragma unroll
-      for (int e = 0; e < kJX; ++e) {
-        const int64_t k0 = int64_t(s) * kBK;
-        const bool ok = s < kt_count && xsz[e] != 0 && (s < kt_full || k0 + c * 8 < K);
-        xv[s][e] = ok ? ldg_cg128(xsrc[e] + k0) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-    for (int s = 0; s < kAhead; ++s)
-#pragma unroll
-      for (int e = 0; e < kJX; ++e)
-        if (s < kt_count) sts128(s0 + uint32_t(s % STAGES) * kStageBytes + dst0 + (ROWS + kStep * e) * 128, xv[s][e]);
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  for (int s = 0; s < kAhead; ++s) {
+    if (s < kt_count) issue(s);
+    cp_async_commit();
   }
 
   float acc[kMT][8];
@@ -412,7 +367,7 @@ __global__ void __launch_bounds__(128 * WG) stream_wg_kernel(Params p) {
     if (fence) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();  // stage kt landed for every thread; every thread's sums of stage kt - 1 are done
     if constexpr (WG > 1) {
-      if (kt + kAhead < kt_count) issue(kt + kAhead, true, true);  // the slot of k-block kt - 2
+      if (kt + kAhead < kt_count) issue(kt + kAhead);  // the slot of k-block kt - 2
       cp_async_commit();
     }
     const uint32_t st = s0 + uint32_t(kt % STAGES) * kStageBytes;
@@ -441,7 +396,7 @@ __global__ void __launch_bounds__(128 * WG) stream_wg_kernel(Params p) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) fence_operand(acc[mt][e]);
     if constexpr (WG == 1) {
-      if (kt + kAhead < kt_count) issue(kt + kAhead, true, true);  // the slot of k-block kt - 1
+      if (kt + kAhead < kt_count) issue(kt + kAhead);  // the slot of k-block kt - 1
       cp_async_commit();
     }
     if constexpr (!kGram) {
@@ -591,22 +546,8 @@ int launch_wg(const Params& p, cudaStream_t stream) {
   static bool attr_set[frms::kMaxDevices] = {};
   if (int e = opt_in_smem(stream_wg_kernel<T, BN, STAGES, WG, ROWS>, smem, attr_set)) return e;
   const dim3 grid(unsigned((p.N + ROWS - 1) / ROWS));
-  if (!p.rstd) {
-    stream_wg_kernel<T, BN, STAGES, WG, ROWS><<<grid, 128 * WG, smem, stream>>>(p);
-    return int(cudaGetLastError());
-  }
-  // a functional call: the programmatic dependent of the rstd_scale grid right before it (see the kernel)
-  cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(128 * WG);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return int(cudaLaunchKernelEx(&cfg, stream_wg_kernel<T, BN, STAGES, WG, ROWS>, p));
+  stream_wg_kernel<T, BN, STAGES, WG, ROWS><<<grid, 128 * WG, smem, stream>>>(p);
+  return int(cudaGetLastError());
 }
 
 // rows: W' rows per CTA (0 = bn; the wgmma kernel's ROWS). Of session 31's row-count variants only those that won or

@@ -76,8 +76,7 @@ int frms_decode_mma(int dtype, const void* x, int64_t ldx, const void* g, const 
 // for 1 and {(128, 5 | 6, 128), (128, 5, 112)} for 2, rows = the W' rows per CTA
 // (0 = bn; the mma.sync kernel takes bn only); fence 1 (wgmma only): fence.proxy.async between each stage's
 // cp.async writes and the wgmma reading them. K, ldx, ldw multiples of 8; x and w 16-byte aligned.
-// rstd: nullptr = from x itself (w = W'); else the caller's rstd[M] (x = x * g from frms_rstd_scale, w = W), and
-// the wgmma kernel launches as a PDL dependent of that rstd_scale grid, which must be the stream's last launch.
+// rstd: nullptr = from x itself (w = W'); else the caller's rstd[M] (x = x * g from frms_rstd_scale, w = W).
 int frms_decode_stream(int dtype, const void* x, int64_t ldx, const void* w, int64_t ldw, const void* bias, void* y,
                        int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int bn, int stages, int wgmma,
                        int fence, int rows, void* stream, const float* rstd);
@@ -90,8 +89,7 @@ int frms_rstd(int dtype, const void* x, int64_t ldx, float* rstd, int64_t M, int
               int streamed, void* stream);
 
 // rstd as frms_rstd (same bits) and xg[m, k] = x[m, k] * g[k] (rounded once), one pass over x, for a functional
-// call's operand; triggers Hopper PDL at once (only the stream kernel launches as its dependent; the GEMM reads xg in
-// its mainloop and launches without PDL). K, ldx, ldxg multiples of 8; 16-byte aligned.
+// call's GEMM operand; no PDL trigger (the GEMM reads xg in its mainloop). K, ldx, ldxg multiples of 8; 16-byte aligned.
 int frms_rstd_scale(int dtype, const void* x, int64_t ldx, const void* g, void* xg, int64_t ldxg, float* rstd,
                     int64_t M, int64_t K, float eps, void* stream);
 

@@ -125,17 +125,13 @@ __global__ void __launch_bounds__(kSideWarps * 32, 1)
   rstd_rows<T, kWpr, kSideWarps>(x, ldx, rstd, M, K, eps);
 }
 
-// A functional call (no cached W' = W * g): rstd and the operand xg = x * g in one pass over x, instead of a torch
-// multiply and then rstd_kernel reading x again. The PDL trigger at once lets a programmatic dependent launch now:
-// the decode stream kernel (decode_stream.cu) starts streaming W and waits for this grid before it reads xg. The
-// GEMM path reads xg from its first k-block and is launched without PDL, so the trigger does nothing there.
+// A functional call (no cached W' = W * g) on the GEMM path: rstd and the GEMM's operand xg = x * g in one pass
+// over x, instead of a torch multiply and then rstd_kernel reading x again. No PDL trigger: the GEMM's mainloop
+// reads xg, so it is launched without PDL after this grid.
 template <typename T, int kWpr>
 __global__ void __launch_bounds__(kWideWarps * 32, 2)
     rstd_scale_kernel(const T* __restrict__ x, int64_t ldx, const T* __restrict__ g, T* __restrict__ xg,
                       int64_t ldxg, float* __restrict__ rstd, int64_t M, int64_t K, float eps) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
   rstd_rows<T, kWpr, kWideWarps, true>(x, ldx, rstd, M, K, eps, g, xg, ldxg);
 }
 
@@ -233,7 +229,6 @@ void launch_scale(const void* x, int64_t ldx, const void* g, void* xg, int64_t l
                   int64_t K, float eps, cudaStream_t s) {
   constexpr int rows = kWideWarps / kWpr;
   dim3 grid(unsigned((M + rows - 1) / rows)), block(kWideWarps * 32);
-  prefer_shared<rstd_scale_kernel<T, kWpr>>();  // the stream kernel's CTAs share SMs with it under PDL
   rstd_scale_kernel<T, kWpr><<<grid, block, 0, s>>>(static_cast<const T*>(x), ldx, static_cast<const T*>(g),
                                                      static_cast<T*>(xg), ldxg, rstd, M, K, eps);
 }
@@ -245,7 +240,7 @@ void launch_scale_any(const void* x, int64_t ldx, const void* g, void* xg, int64
 }
 }  // namespace
 
-// rstd as frms_rstd (same bits) and xg[m, k] = x[m, k] * g[k] rounded once to the dtype; triggers Hopper PDL at once.
+// rstd as frms_rstd (same bits) and xg[m, k] = x[m, k] * g[k] rounded once to the dtype; no PDL trigger.
 extern "C" int frms_rstd_scale(int dtype, const void* x, int64_t ldx, const void* g, void* xg, int64_t ldxg,
                                float* rstd, int64_t M, int64_t K, float eps, void* stream) {
   if (M <= 0) return 0;
