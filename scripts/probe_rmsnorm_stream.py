@@ -11,7 +11,8 @@ far apart in scale), in interleaved rounds (CUDA graphs, weight sets rotated out
 Session 30 added the sm_90a twin (wgmma from shared memory, what the Triton prototype compiles to), with and
 without the proxy fence: VARIANTS names each forced entry; PROBE_VARIANTS="name,name" picks some. Session 31:
 variants with fewer W' rows per CTA than bn ("rows", named "... rN") so N / rows CTAs cover more of the SMs
-(N 14336: 128 CTAs of 112 rows; 5120: 128 of 40).
+(N 14336: 128 CTAs of 112 rows; 5120: 128 of 40). Session 43: the K split over a cluster, "... sN" after a variant
+name, and "auto sN", rows "auto" with only the split N (e.g. "auto s1", session 41's rule, against the table).
 """
 
 from __future__ import annotations
@@ -52,13 +53,22 @@ for bn, st, g, r in op.STREAM_WG_VARIANTS:
 EXTRA = {"wg1 64x4 fence": {**_WG, "bn": 64, "stages": 4, "proxy_fence": True}}
 # session 41: the tensor-core decode kernel's default (the sm90 catch-all before rows "auto"), for comparison
 EXTRA["decode_mma"] = {"path": "decode_mma", "wn": 0, "ksplit": 0}
+# session 43: rows "auto" resolved with only these K splits ("auto s1": session 41's rule), per shape
+EXTRA.update({f"auto s{s}": {"auto_splits": (s,)} for s in (1, 2, 4, 8)})
 if os.environ.get("PROBE_VARIANTS"):
-    VARIANTS = {k: {**VARIANTS, **EXTRA}[k] for k in os.environ["PROBE_VARIANTS"].split(",")}
+    # a named wgmma variant with " sN" appended runs with the K split N, e.g. "wg1 64x8 r40 s4"
+    ALL = {**VARIANTS, **EXTRA}
+    VARIANTS = {}
+    for k in os.environ["PROBE_VARIANTS"].split(","):
+        base, _, s = k.rpartition(" s")
+        VARIANTS[k] = ALL[k] if k in ALL else {**ALL[base], "split": int(s)}
 
 
 def forced_plan(arch, M, N, K, **kw):
     if FORCE[0] is None:
         return _plan(arch, M, N, K, **kw)
+    if "auto_splits" in FORCE[0]:
+        return {"path": "stream", **_WG, **op.stream_auto(N, K, kw["sms"], FORCE[0]["auto_splits"])}
     return {"path": "stream", **FORCE[0]}
 
 

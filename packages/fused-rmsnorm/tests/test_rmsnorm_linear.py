@@ -356,9 +356,13 @@ def test_plan_stream_entry_and_fallbacks(monkeypatch):
                 {"wgmma": True, "bn": 128, "stages": 5, "warpgroups": 2, "rows": 96},
                 {"wgmma": True, "bn": 64, "stages": 4, "rows": 72}, {"wgmma": True, "bn": 64, "rows": True},
                 {"wgmma": True, "bn": 128, "stages": 7, "warpgroups": 2},
-                {"wgmma": True, "bn": 64, "stages": 12}):  # fmt: skip
+                {"wgmma": True, "bn": 64, "stages": 12}, {"split": 2}, {"wgmma": True, "split": 3},
+                {"wgmma": True, "split": True}, {"wgmma": True, "split": 16}):  # fmt: skip
         with pytest.raises(ValueError, match="stream config"):
             op.stream_args(bad)
+    for s in (1, 2, 4, 8):  # the split reaches the wgmma kernel only
+        assert op.stream_split({"wgmma": True, "split": s}, 1) == s and op.stream_split({"split": s}, 0) == 1
+    assert op.stream_split({"wgmma": True}, 2) == 1
 
 
 def test_stream_args_wgmma():
@@ -393,27 +397,35 @@ def test_stream_auto_rows(monkeypatch):
     tokens at N >= 1024 to it and smaller N to decode_mma."""
     from fused_rmsnorm.ops import rmsnorm_linear as op
 
-    rows = {n: op.stream_auto(n, 132)["rows"] for n in (1024, 2048, 4096, 5120, 6144, 10240, 11008, 14336, 28672)}
+    ns = (1024, 2048, 4096, 5120, 6144, 10240, 11008, 14336, 28672)
+    rows = {n: op.stream_auto(n, 4096, 132, splits=(1,))["rows"] for n in ns}  # session 41's rule: no split
     assert rows == {1024: 40, 2048: 40, 4096: 40, 5120: 40, 6144: 64, 10240: 40, 11008: 112, 14336: 112, 28672: 112}
-    assert op.stream_auto(5120, 114)["rows"] == 64  # 128 CTAs of 40 rows need a second round on 114 SMs
+    assert op.stream_auto(5120, 4096, 114, splits=(1,))["rows"] == 64  # 128 CTAs of 40 rows: 2 rounds on 114 SMs
+    # the K split only where the W' rows leave SMs idle: N 1024 is 26 CTAs of 40 rows, split 4 puts 104 on 132
+    assert {n: op.stream_auto(n, 4096, 132)["split"] for n in ns} == {n: 4 if n <= 2048 else 2 if n == 6144 else 1
+                                                                      for n in ns}  # fmt: skip
+    assert op.stream_auto(1024, 8192, 132) == {"bn": 64, "stages": 8, "warpgroups": 1, "rows": 40, "split": 4}
     for n in range(1, 70000, 997):
         for sms in (78, 114, 132):
-            c = op.stream_auto(n, sms)
-            assert (c["bn"], c["stages"], c["warpgroups"], c["rows"]) in op.STREAM_WG_VARIANTS
+            for k in (256, 4096, 16384):
+                c = op.stream_auto(n, k, sms)
+                assert (c["bn"], c["stages"], c["warpgroups"], c["rows"]) in op.STREAM_WG_VARIANTS
+                assert c["split"] == 1 or op.cdiv(n, c["rows"]) * c["split"] <= sms  # one wave of clusters
     entry = {"path": "stream", "wgmma": True, "rows": "auto", "fn": {"path": "stream", "wgmma": True, "rows": "auto"}}
     monkeypatch.setattr(op._TUNING, "lookup", lambda *a, **k: {**entry, "fn": dict(entry["fn"])})
-    want = {"path": "stream", "wgmma": True, "bn": 128, "stages": 6, "warpgroups": 2, "rows": 112}
+    want = {"path": "stream", "wgmma": True, "bn": 128, "stages": 6, "warpgroups": 2, "rows": 112, "split": 1}
     for folded in (True, False):
         p = plan("sm90", 16, 14336, 4096, has_gemm=True, folded=folded, sms=132)
         assert p == want and op.stream_args(p) == (128, 6, 2, 0, 112)
     monkeypatch.undo()
     p = plan("sm90", 8, 4096, 4096, has_gemm=True, sms=132)
-    assert p == {"path": "stream", "wgmma": True, "bn": 64, "stages": 8, "warpgroups": 1, "rows": 40}
+    assert p == {"path": "stream", "wgmma": True, "bn": 64, "stages": 8, "warpgroups": 1, "rows": 40, "split": 1}
     # functional calls: decode_mma below 2^25 weights (rstd_scale's extra launch costs more than the kernels
     # differ), the stream kernel on x * g above (H100 session 41: 0.93-1.10x F.linear against 1.06-1.22x)
     assert plan("sm90", 8, 4096, 4096, has_gemm=True, folded=False, sms=132)["path"] == "decode_mma"
     assert plan("sm90", 1, 4096, 4096, has_gemm=True, folded=False, sms=132)["wload"] == 1
-    assert plan("sm90", 8, 4096, 14336, has_gemm=True, folded=False, sms=132)["rows"] == 40
+    p = plan("sm90", 8, 4096, 14336, has_gemm=True, folded=False, sms=132)
+    assert (p["path"], p["rows"], p["split"]) == ("stream", 64, 2)  # 64 clusters of 2 on 128 SMs
     assert plan("sm90", 8, 28672, 4096, has_gemm=True, folded=False, sms=132)["rows"] == 112
     assert plan("sm90", 8, 512, 4096, has_gemm=True, sms=132)["path"] == "decode_mma"
     assert plan("sm90", 17, 4096, 4096, has_gemm=True, sms=132)["path"] == "gemm"
@@ -807,6 +819,7 @@ def _stream_cfgs(ext) -> list[dict]:
         wg = [{"path": "stream", "wgmma": True, "bn": bn, "stages": st, "warpgroups": g, "rows": r}
               for bn, st, g, r in op.STREAM_WG_VARIANTS]  # fmt: skip
         cfgs += wg + [{**wg[0], "proxy_fence": True}, {**wg[-1], "proxy_fence": True}]
+        cfgs += [{**c, "split": s} for c in wg for s in (2, 4, 8)]  # the K split over a cluster
     return cfgs
 
 
@@ -815,7 +828,9 @@ def _stream_cfgs(ext) -> list[dict]:
 @pytest.mark.parametrize("M", [1, 5, 16])
 @pytest.mark.parametrize("D", [136, 2056, 4104])
 def test_gpu_stream_vs_fp32(M, D, dtype, monkeypatch):
-    """The "stream" decode kernel, every variant of both kernels: K off the 128-wide k-block (D136: 2 blocks, fewer
+    """The "stream" decode kernel, every variant of both kernels (the wgmma ones also with a K split of 2, 4, 8:
+    D136 leaves ranks without a k-block, D2056 / 4104 put the partial block on an inner rank or the last): K off
+    the 128-wide k-block (D136: 2 blocks, fewer
     than the ring's stages; D2056 / 4104: a partial last block), N off the row tile (1000), x rows with a
     padded stride and 100x apart in scale (an rstd given to the wrong token cannot pass), with and without
     bias, on an allocator poisoned with NaN, and a CUDA-graph replay; a functional call runs it (x * g and rstd
@@ -832,7 +847,8 @@ def test_gpu_stream_vs_fp32(M, D, dtype, monkeypatch):
     wf = fold_weight(g, w)
     launches = []
     real = ext.module.decode_stream
-    monkeypatch.setattr(ext.module, "decode_stream", lambda *a: (launches.append(a[-1] != 0), real(*a))[1])
+    # positional as the op passes them: the caller's rstd pointer is argument 18 (then the split)
+    monkeypatch.setattr(ext.module, "decode_stream", lambda *a: (launches.append(a[18] != 0), real(*a))[1])
     for cfg in _stream_cfgs(ext):
         variant = tuple(cfg.items())
         monkeypatch.setattr(op._TUNING, "lookup", lambda *a, c=cfg, **k: dict(c, fn=dict(c)))
@@ -872,7 +888,7 @@ def test_gpu_stream_rejects_bad_args():
     torch.cuda.synchronize()
     for bad in ({"M": 17}, {"K": 260}, {"x": x.data_ptr() + 2}, {"bn": 64, "stages": 3}, {"eps": 0.0}, {"fence": 2},
                 {"wgmma": 1, "stages": 3}, {"wgmma": 3}, {"wgmma": 2, "bn": 64, "stages": 5},
-                {"rows": 120}):  # fmt: skip
+                {"rows": 120}, {"split": 2}, {"wgmma": 1, "split": 3}, {"wgmma": 1, "split": 16}):  # fmt: skip
         with pytest.raises(RuntimeError, match="unsupported arguments"):
             m.decode_stream(**{**ok, **bad})
     if torch.cuda.get_device_capability() == (9, 0) and m.has_stream_wgmma():
@@ -938,21 +954,26 @@ def test_gpu_compute_sanitizer_memcheck(tmp_path):
         "if torch.cuda.get_device_capability() == (9, 0) and op._backend.get_ext(x.device).has_stream_wgmma:\n"
         "    vs += [{'bn': bn, 'stages': st, 'wgmma': True, 'warpgroups': g, 'rows': r, 'proxy_fence': st == 4}\n"
         "           for bn, st, g, r in op.STREAM_WG_VARIANTS]\n"
+        "    vs += [{**v, 'split': s} for v in vs[-4:] for s in (2, 8)]  # K split: D264 leaves ranks idle\n"
         "for v in vs:  # the stream decode kernels: N = 136, a partial row tile\n"
         "    op.plan = lambda *a, v=v, **k: {'path': 'stream', **v}\n"
         "    y = op.fused_rmsnorm_linear_folded(x[:3], g, w, op.fold_weight(g, w), b)\n"
-        "for c, M in ((7, 5), (8, 17), (11, 5), (11, 16), (1, 300), (4, 300), (12, 300), (14, 300)):\n"
+        "ext = op._backend.get_ext(x.device)\n"
+        "cap = torch.cuda.get_device_capability()  # a binary without CUTLASS has no GEMM path to check\n"
+        "gemm = ext.has_gemm_sm90 if cap == (9, 0) else ext.has_gemm_sm80 if cap[0] == 8 else False\n"
+        "for c, M in ((7, 5), (8, 17), (11, 5), (11, 16), (1, 300), (4, 300), (12, 300), (14, 300)) if gemm else ():\n"
         "    # swap-AB decode configs, prefill ones with a partial row tile; N = 136: a partial W tile\n"
         "    op.plan = lambda *a, c=c, **k: {'path': 'gemm', 'config': c, 'pdl': True}\n"
         "    x = torch.randn(M, D, device='cuda').half()\n"
         "    y = fused_rmsnorm_linear(x, g, w, b)\n"
         "    y = op.fused_rmsnorm_linear_folded(x, g, w, op.fold_weight(g, w), b)\n"
-        "op.plan = lambda *a, **k: {'path': 'gemm', 'config': 1, 'pdl': True, 'raster': 2}\n"
-        "x = torch.randn(2100, 136, device='cuda').half(); g = torch.randn(136, device='cuda').half()\n"
-        "w = torch.randn(3080, 136, device='cuda').half()  # 17 x 25 tiles: the streamed rstd launch\n"
-        "assert op.rstd_streamed(1, 2100, 3080, op.num_sms(x.device), 2)[0] > 0\n"
-        "y = op.fused_rmsnorm_linear_folded(x, g, w, op.fold_weight(g, w))\n"
-        "torch.cuda.synchronize(); print('OK')\n"
+        "if gemm:\n"
+        "    op.plan = lambda *a, **k: {'path': 'gemm', 'config': 1, 'pdl': True, 'raster': 2}\n"
+        "    x = torch.randn(2100, 136, device='cuda').half(); g = torch.randn(136, device='cuda').half()\n"
+        "    w = torch.randn(3080, 136, device='cuda').half()  # 17 x 25 tiles: the streamed rstd launch\n"
+        "    assert op.rstd_streamed(1, 2100, 3080, op.num_sms(x.device), 2)[0] > 0\n"
+        "    y = op.fused_rmsnorm_linear_folded(x, g, w, op.fold_weight(g, w))\n"
+        "torch.cuda.synchronize(); print('OK' if gemm else 'OK without the SM90 GEMM')\n"
     )
     res = subprocess.run(
         ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", "python", str(script)],

@@ -130,11 +130,11 @@ PYBIND11_MODULE(_C, m) {
       "decode_stream",
       [](int dtype, std::uintptr_t x, int64_t ldx, std::uintptr_t w, int64_t ldw, std::uintptr_t bias,
          std::uintptr_t y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int bn, int stages,
-         std::uintptr_t stream, int wgmma, int fence, int rows, std::uintptr_t rstd) {
+         std::uintptr_t stream, int wgmma, int fence, int rows, std::uintptr_t rstd, int split) {
 #if FRMS_HAVE_MMA
         check(frms_decode_stream(dtype, cptr(x), ldx, cptr(w), ldw, bias ? cptr(bias) : nullptr, mptr(y), ldy, M, N,
                                  K, eps, bn, stages, wgmma, fence, rows, mptr(stream),
-                                 reinterpret_cast<const float*>(rstd)),
+                                 reinterpret_cast<const float*>(rstd), split),
               "decode_stream");
 #else
         check(FRMS_ERR_NOT_BUILT, "decode_stream");
@@ -146,11 +146,12 @@ PYBIND11_MODULE(_C, m) {
       "GPU): wgmma, (bn, stages, rows) (128, 4 | 5, 128) | (64, 4 | 5 | 6, 64) | (64, 8, 40) for 1, "
       "(128, 5 | 6, 128) | (128, 5, 112) for 2; rows 0 = bn; fence 1 (wgmma only): fence.proxy.async "
       "before each stage's wgmma. K, ldx, ldw multiples of 8; x and w 16-byte aligned. rstd 0: from x itself (w = "
-      "W'); else the caller's fp32 rstd[M] (a functional call: x = x * g from rstd_scale, w = W).",
+      "W'); else the caller's fp32 rstd[M] (a functional call: x = x * g from rstd_scale, w = W). split 1 | 2 | 4 | 8 "
+      "(wgmma only): K split over a thread-block cluster of that many CTAs per `rows` rows.",
       py::arg("dtype"), py::arg("x"), py::arg("ldx"), py::arg("w"), py::arg("ldw"), py::arg("bias"), py::arg("y"),
       py::arg("ldy"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("eps"), py::arg("bn") = 128,
       py::arg("stages") = 4, py::arg("stream") = 0, py::arg("wgmma") = 0, py::arg("fence") = 0, py::arg("rows") = 0,
-      py::arg("rstd") = 0);
+      py::arg("rstd") = 0, py::arg("split") = 1);
 
   m.def(
       "rstd",

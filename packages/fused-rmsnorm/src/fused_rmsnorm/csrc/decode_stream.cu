@@ -247,6 +247,31 @@ __device__ __forceinline__ void wgmma_wait() {
 
 [[maybe_unused]] __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
+// Thread-block cluster helpers for the K split (sm_90). A launch without a cluster is a cluster of one CTA.
+[[maybe_unused]] __device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+[[maybe_unused]] __device__ __forceinline__ uint32_t cluster_size() {
+  uint32_t n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  return n;
+}
+[[maybe_unused]] __device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// this CTA's shared address in the shared memory of the cluster's CTA `rank`
+[[maybe_unused]] __device__ __forceinline__ uint32_t map_to_rank(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+[[maybe_unused]] __device__ __forceinline__ void st_cluster128(uint32_t addr, float a, float b, float c, float d) {
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+}
+
 [[maybe_unused]] __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
@@ -281,6 +306,11 @@ __host__ __device__ constexpr int wg_overrun(int bn, int rows) { return bn > row
 // inside the last m64 tile, so the same wgmma also computes x·xᵀ into accumulator rows ROWS.. ROWS + 15: token t's
 // sum of squares is row ROWS + t, column t (fp32 sums of exact bf16 / fp16 products), and the per-k-block sum of
 // squares from shared memory goes away.
+//
+// K split (session 43): launched as clusters of S CTAs (S > 1), the cluster owns the CTA's ROWS rows and its rank r
+// streams only k-blocks [r kts, (r + 1) kts), kts = ceil(k-blocks / S); the ranks > 0 then add their accumulators
+// (and sums of squares) into rank 0's idle ring through distributed shared memory and exit, and rank 0 stores y.
+// Narrow W' (N 1024: 26 CTAs of 40 rows) thus covers S times as many SMs; the main loop is unchanged.
 template <typename T, int BN, int STAGES, int WG, int ROWS>
 __global__ void __launch_bounds__(128 * WG) stream_wg_kernel(Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -301,8 +331,11 @@ __global__ void __launch_bounds__(128 * WG) stream_wg_kernel(Params p) {
   // wg: a constant 0 for one warpgroup (the compiler cannot know tid < 128; session 30: 72 -> 96 registers and
   // up to 7% slower when it was computed)
   const int tid = threadIdx.x, lane = tid & 31, warp = WG == 1 ? tid >> 5 : (tid >> 5) & 3, wg = WG == 1 ? 0 : tid >> 7;
-  const int64_t n0 = int64_t(blockIdx.x) * ROWS;
-  const int64_t K = p.K;
+  const uint32_t rank = cluster_rank(), nr = cluster_size();  // the K split: 0, 1 without a cluster
+  const int64_t n0 = int64_t(blockIdx.x / nr) * ROWS;
+  const int kt_all = int((p.K + kBK - 1) / kBK), kts = (kt_all + int(nr) - 1) / int(nr);
+  const int64_t kb = int64_t(min(kt_all, int(rank) * kts)) * kBK;  // this CTA's first k
+  const int64_t K = max(int64_t(0), min(p.K - kb, int64_t(kts) * kBK));  // its k extent (0: no k-block left)
   const int kt_count = int((K + kBK - 1) / kBK), kt_full = int(K / kBK);
   const bool fence = p.fence != 0;
   const uint32_t s0 = (smem_u32(smem) + 1023u) & ~1023u;  // the launch adds 1 KB of slack for this
@@ -316,7 +349,7 @@ __global__ void __launch_bounds__(128 * WG) stream_wg_kernel(Params p) {
 #pragma unroll
   for (int j = 0; j < kJW; ++j) {
     const int64_t n = n0 + r0 + kStep * j;
-    wsrc[j] = static_cast<const T*>(p.w) + (n < p.N ? n : n0) * p.ldw + c * 8;
+    wsrc[j] = static_cast<const T*>(p.w) + (n < p.N ? n : n0) * p.ldw + kb + c * 8;
     wsz[j] = n < p.N ? 16 : 0;
   }
   const T* xsrc[kJX];
@@ -324,7 +357,7 @@ __global__ void __launch_bounds__(128 * WG) stream_wg_kernel(Params p) {
 #pragma unroll
   for (int e = 0; e < kJX; ++e) {
     const int t = r0 + kStep * e;
-    xsrc[e] = static_cast<const T*>(p.x) + (t < p.M ? t : 0) * p.ldx + c * 8;
+    xsrc[e] = static_cast<const T*>(p.x) + (t < p.M ? t : 0) * p.ldx + kb + c * 8;
     xsz[e] = t < p.M ? 16 : 0;
   }
   auto issue = [&](int kt) {
@@ -423,6 +456,40 @@ __global__ void __launch_bounds__(128 * WG) stream_wg_kernel(Params p) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) fence_operand(acc[mt][e]);
   cp_async_wait<0>();
+
+  if (nr > 1) {
+    // Rank r > 0's partials go to rank 0's ring at (r - 1) * kRed: acc as v4 pairs, then ss, each [kNT] wide.
+    // The first barrier: every CTA is past its loop (rank 0's ring is idle); the second: the partials landed.
+    constexpr int kVec = kMT * 2 + (kGram ? 0 : 1), kRed = kVec * kNT * 16;
+    static_assert(7 * kRed <= STAGES * kStageBytes, "a cluster of 8 reduces in rank 0's ring");
+    cluster_sync();
+    if (rank != 0) {
+      const uint32_t dst = map_to_rank(s0 + (rank - 1) * kRed + tid * 16, 0);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int q = 0; q < 2; ++q)
+          st_cluster128(dst + (mt * 2 + q) * kNT * 16, acc[mt][4 * q], acc[mt][4 * q + 1], acc[mt][4 * q + 2],
+                        acc[mt][4 * q + 3]);
+      if constexpr (!kGram) st_cluster128(dst + kMT * 2 * kNT * 16, ss, 0.f, 0.f, 0.f);
+    }
+    cluster_sync();
+    if (rank != 0) return;
+    for (uint32_t r = 1; r < nr; ++r) {
+      const uint32_t src = s0 + (r - 1) * kRed + tid * 16;
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const uint4 v = lds128(src + (mt * 2 + q) * kNT * 16);
+          acc[mt][4 * q] += __uint_as_float(v.x);
+          acc[mt][4 * q + 1] += __uint_as_float(v.y);
+          acc[mt][4 * q + 2] += __uint_as_float(v.z);
+          acc[mt][4 * q + 3] += __uint_as_float(v.w);
+        }
+      if constexpr (!kGram) ss += __uint_as_float(lds128(src + kMT * 2 * kNT * 16).x);
+    }
+  }
 
   if constexpr (kGram) {
     // x·xᵀ sits in the last tile's rows kX0.. kX0 + 15 (m64n16 C fragments: warp w rows 16 w + g + 8 h, value 4 j + 2 h
@@ -538,16 +605,32 @@ inline bool wgmma_device() {
 }
 
 template <typename T, int BN, int STAGES, int WG, int ROWS = BN>
-int launch_wg(const Params& p, cudaStream_t stream) {
+int launch_wg(const Params& p, int split, cudaStream_t stream) {
   if (!wgmma_device()) return FRMS_ERR_NOT_BUILT;
   // + 1 KB of slack to align the ring, + what the last tile reads past it
   constexpr size_t smem = size_t(STAGES) * 2 * wg_half_bytes(ROWS) + 1024 + wg_overrun(BN, ROWS);
   static_assert(smem <= 226 * 1024);  // an H100 / H200 CTA's 227 KB opt-in, less the static part
   static bool attr_set[frms::kMaxDevices] = {};
   if (int e = opt_in_smem(stream_wg_kernel<T, BN, STAGES, WG, ROWS>, smem, attr_set)) return e;
-  const dim3 grid(unsigned((p.N + ROWS - 1) / ROWS));
-  stream_wg_kernel<T, BN, STAGES, WG, ROWS><<<grid, 128 * WG, smem, stream>>>(p);
-  return int(cudaGetLastError());
+  const unsigned tiles = unsigned((p.N + ROWS - 1) / ROWS);
+  if (split == 1) {
+    stream_wg_kernel<T, BN, STAGES, WG, ROWS><<<tiles, 128 * WG, smem, stream>>>(p);
+    return int(cudaGetLastError());
+  }
+  // the K split: clusters of `split` CTAs along x (portable sizes <= 8), one per ROWS rows
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(tiles * unsigned(split));
+  cfg.blockDim = dim3(128 * WG);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(split);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return int(cudaLaunchKernelEx(&cfg, stream_wg_kernel<T, BN, STAGES, WG, ROWS>, p));
 }
 
 // rows: W' rows per CTA (0 = bn; the wgmma kernel's ROWS). Of session 31's row-count variants only those that won or
@@ -556,28 +639,28 @@ int launch_wg(const Params& p, cudaStream_t stream) {
 // 112 are back for session 40's lean loop, which needs fewer instructions per stage and so may gain from deeper rings,
 // and 32 rows (8 or 12 stages) put 4096 rows of W' on 128 CTAs.
 template <typename T>
-int dispatch(const Params& p, int bn, int stages, int wgmma, int rows, cudaStream_t stream) {
+int dispatch(const Params& p, int bn, int stages, int wgmma, int rows, int split, cudaStream_t stream) {
   if (rows == 0) rows = bn;
   if (wgmma == 1) {  // one warpgroup
-    if (bn == 128 && stages == 4 && rows == 128) return launch_wg<T, 128, 4, 1>(p, stream);
-    if (bn == 128 && stages == 5 && rows == 128) return launch_wg<T, 128, 5, 1>(p, stream);
-    if (bn == 64 && stages == 4 && rows == 64) return launch_wg<T, 64, 4, 1>(p, stream);
-    if (bn == 64 && stages == 5 && rows == 64) return launch_wg<T, 64, 5, 1>(p, stream);
-    if (bn == 64 && stages == 6 && rows == 64) return launch_wg<T, 64, 6, 1>(p, stream);
-    if (bn == 64 && stages == 8 && rows == 64) return launch_wg<T, 64, 8, 1>(p, stream);
-    if (bn == 64 && stages == 8 && rows == 40) return launch_wg<T, 64, 8, 1, 40>(p, stream);
-    if (bn == 64 && stages == 8 && rows == 32) return launch_wg<T, 64, 8, 1, 32>(p, stream);
-    if (bn == 64 && stages == 12 && rows == 32) return launch_wg<T, 64, 12, 1, 32>(p, stream);
+    if (bn == 128 && stages == 4 && rows == 128) return launch_wg<T, 128, 4, 1>(p, split, stream);
+    if (bn == 128 && stages == 5 && rows == 128) return launch_wg<T, 128, 5, 1>(p, split, stream);
+    if (bn == 64 && stages == 4 && rows == 64) return launch_wg<T, 64, 4, 1>(p, split, stream);
+    if (bn == 64 && stages == 5 && rows == 64) return launch_wg<T, 64, 5, 1>(p, split, stream);
+    if (bn == 64 && stages == 6 && rows == 64) return launch_wg<T, 64, 6, 1>(p, split, stream);
+    if (bn == 64 && stages == 8 && rows == 64) return launch_wg<T, 64, 8, 1>(p, split, stream);
+    if (bn == 64 && stages == 8 && rows == 40) return launch_wg<T, 64, 8, 1, 40>(p, split, stream);
+    if (bn == 64 && stages == 8 && rows == 32) return launch_wg<T, 64, 8, 1, 32>(p, split, stream);
+    if (bn == 64 && stages == 12 && rows == 32) return launch_wg<T, 64, 12, 1, 32>(p, split, stream);
     return FRMS_ERR_BAD_ARG;
   }
   if (wgmma == 2) {  // two warpgroups, 64 W' rows each
-    if (bn == 128 && stages == 5 && rows == 128) return launch_wg<T, 128, 5, 2>(p, stream);
-    if (bn == 128 && stages == 6 && rows == 128) return launch_wg<T, 128, 6, 2>(p, stream);
-    if (bn == 128 && stages == 5 && rows == 112) return launch_wg<T, 128, 5, 2, 112>(p, stream);
-    if (bn == 128 && stages == 6 && rows == 112) return launch_wg<T, 128, 6, 2, 112>(p, stream);
+    if (bn == 128 && stages == 5 && rows == 128) return launch_wg<T, 128, 5, 2>(p, split, stream);
+    if (bn == 128 && stages == 6 && rows == 128) return launch_wg<T, 128, 6, 2>(p, split, stream);
+    if (bn == 128 && stages == 5 && rows == 112) return launch_wg<T, 128, 5, 2, 112>(p, split, stream);
+    if (bn == 128 && stages == 6 && rows == 112) return launch_wg<T, 128, 6, 2, 112>(p, split, stream);
     return FRMS_ERR_BAD_ARG;
   }
-  if (wgmma != 0 || rows != bn) return FRMS_ERR_BAD_ARG;
+  if (wgmma != 0 || rows != bn || split != 1) return FRMS_ERR_BAD_ARG;
   if (bn == 128 && stages == 4) return launch<T, 128, 4>(p, stream);
   if (bn == 128 && stages == 3) return launch<T, 128, 3>(p, stream);
   if (bn == 64 && stages == 4) return launch<T, 64, 4>(p, stream);
@@ -588,15 +671,15 @@ int dispatch(const Params& p, int bn, int stages, int wgmma, int rows, cudaStrea
 
 extern "C" int frms_decode_stream(int dtype, const void* x, int64_t ldx, const void* w, int64_t ldw, const void* bias,
                                   void* y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int bn, int stages,
-                                  int wgmma, int fence, int rows, void* stream, const float* rstd) {
+                                  int wgmma, int fence, int rows, void* stream, const float* rstd, int split) {
   // 16-byte cp.async chunks: K, the row strides and the bases must all be 16-byte granular
   if (M < 1 || M > kTok || N < 1 || K < 8 || K % 8 != 0 || ldx % 8 != 0 || ldw % 8 != 0 || !(eps > 0.f))
     return FRMS_ERR_BAD_ARG;
   if (!frms::aligned16(x) || !frms::aligned16(w) || ldx < K || ldw < K || ldy < N) return FRMS_ERR_BAD_ARG;
-  if (fence != 0 && fence != 1) return FRMS_ERR_BAD_ARG;
+  if ((fence != 0 && fence != 1) || (split != 1 && split != 2 && split != 4 && split != 8)) return FRMS_ERR_BAD_ARG;
   const Params p{x, ldx, w, ldw, bias, y, ldy, M, N, K, eps, fence, rstd};
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (dtype == FRMS_DTYPE_BF16) return dispatch<__nv_bfloat16>(p, bn, stages, wgmma, rows, s);
-  if (dtype == FRMS_DTYPE_F16) return dispatch<__half>(p, bn, stages, wgmma, rows, s);
+  if (dtype == FRMS_DTYPE_BF16) return dispatch<__nv_bfloat16>(p, bn, stages, wgmma, rows, split, s);
+  if (dtype == FRMS_DTYPE_F16) return dispatch<__half>(p, bn, stages, wgmma, rows, split, s);
   return FRMS_ERR_BAD_ARG;
 }

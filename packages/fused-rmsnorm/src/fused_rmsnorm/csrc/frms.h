@@ -77,9 +77,10 @@ int frms_decode_mma(int dtype, const void* x, int64_t ldx, const void* g, const 
 // (0 = bn; the mma.sync kernel takes bn only); fence 1 (wgmma only): fence.proxy.async between each stage's
 // cp.async writes and the wgmma reading them. K, ldx, ldw multiples of 8; x and w 16-byte aligned.
 // rstd: nullptr = from x itself (w = W'); else the caller's rstd[M] (x = x * g from frms_rstd_scale, w = W).
+// split 1 | 2 | 4 | 8 (wgmma only): K split over a cluster of that many CTAs per `rows` rows, reduced on chip.
 int frms_decode_stream(int dtype, const void* x, int64_t ldx, const void* w, int64_t ldw, const void* bias, void* y,
                        int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int bn, int stages, int wgmma,
-                       int fence, int rows, void* stream, const float* rstd);
+                       int fence, int rows, void* stream, const float* rstd, int split);
 
 // rstd[m] = 1 / sqrt(mean_k x[m, k]^2 + eps) in fp32; triggers Hopper PDL early.
 // ctas > 0: at most that many 32-warp CTAs striding over the rows (the SMs an SM90 PDL GEMM leaves idle).

@@ -109,7 +109,7 @@ def plan(
     if fn is not None and not folded:
         cfg = dict(fn)
     if cfg.get("rows") == "auto":
-        cfg.update(stream_auto(N, sms))
+        cfg.update(stream_auto(N, K, sms))
     path = cfg.get("path", "gemm")
     if path == "stream" and ((not folded and fn is None) or M > STREAM_MAX_M):
         cfg, path = {"wn": 0, "ksplit": 0}, "decode_mma"
@@ -155,20 +155,37 @@ STREAM_WG_VARIANTS = (
 # 1024-28672, M 1 and 16; benchmarks/results/probes/h100-probe_rmsnorm_stream-s41-sweep.json): the rule picks
 # the fastest variant or one within 2.5% of it at every shape there, at 0.90-1.01x F.linear where N >= 2048
 # against decode_mma's 1.04-1.31x; first listed wins a tie.
+# With the K split (session 43, "split": S CTAs of a cluster per `rows` rows, each streaming 1/S of K), only where
+# those CTAs still fit in one wave (narrow W': N 1024 is 26 CTAs of 40 rows on 132 SMs): the busiest CTA's rows *
+# weight * ceil(k-blocks / S), plus SPLIT_COST for the cluster's on-chip reduction in the same units (rows *
+# 128-wide k-blocks), against rows * weight * k-blocks per wave unsplit. S of STREAM_SPLITS, powers of two so
+# that whole clusters pack a GPC's SMs.
 STREAM_AUTO = ((64, 8, 1, 40, 1.0), (128, 6, 2, 112, 0.72), (64, 6, 1, 64, 1.1), (64, 8, 1, 32, 1.3))
+STREAM_SPLITS = (1, 2, 4)
+SPLIT_COST = 192
 
 
-def stream_auto(N: int, sms: int) -> dict:
-    """The "rows": "auto" choice at N output features on ``sms`` SMs: {"bn", "stages", "warpgroups", "rows"}."""
-    bn, stages, wg, rows, _ = min(STREAM_AUTO, key=lambda v: cdiv(cdiv(N, v[3]), sms) * v[3] * v[4])
-    return {"bn": bn, "stages": stages, "warpgroups": wg, "rows": rows}
+def stream_auto(N: int, K: int, sms: int, splits: tuple[int, ...] = STREAM_SPLITS) -> dict:
+    """The "rows": "auto" choice at N output features, K input features on ``sms`` SMs: {"bn", "stages",
+    "warpgroups", "rows", "split"}, the split one of ``splits``."""
+    kt = cdiv(K, 128)
+
+    def cost(c):
+        (_, _, _, rows, weight), s = c
+        if s == 1:
+            return cdiv(cdiv(N, rows), sms) * rows * weight * kt
+        return rows * weight * cdiv(kt, s) + SPLIT_COST if cdiv(N, rows) * s <= sms else float("inf")
+
+    (bn, stages, wg, rows, _), split = min(((v, s) for s in splits for v in STREAM_AUTO), key=cost)
+    return {"bn": bn, "stages": stages, "warpgroups": wg, "rows": rows, "split": split}
 
 
 def stream_args(cfg: dict, wgmma_ok: bool = True) -> tuple[int, int, int, int, int]:
     """(bn, stages, warpgroups (0: the mma.sync kernel), fence, rows) of a "stream" entry: optional keys "bn" and
     "stages" (a pair of STREAM_VARIANTS; with "wgmma": true, with "warpgroups" and "rows" a quadruple of
     STREAM_WG_VARIANTS), and the bool "proxy_fence" (wgmma only). wgmma_ok False (no sm_90a kernel in the binary,
-    or not a 9.0 GPU): a wgmma entry runs the mma.sync kernel with the same bn (128: 4 stages, 64: 6), bn rows."""
+    or not a 9.0 GPU): a wgmma entry runs the mma.sync kernel with the same bn (128: 4 stages, 64: 6), bn rows.
+    The wgmma kernel's K split, "split" (1, 2, 4, 8), is checked here and read by ``stream_split``."""
     wg, fence = cfg.get("wgmma", False), cfg.get("proxy_fence", False)
     if not isinstance(wg, bool) or not isinstance(fence, bool) or (fence and not wg):
         raise ValueError(f"stream config 'wgmma' / 'proxy_fence' must be bools, the fence with wgmma: {cfg!r}")
@@ -180,12 +197,20 @@ def stream_args(cfg: dict, wgmma_ok: bool = True) -> tuple[int, int, int, int, i
     else:
         v = (cfg.get("bn", STREAM_VARIANTS[0][0]), cfg.get("stages", STREAM_VARIANTS[0][1]))
         table = STREAM_VARIANTS
-    bad_key = ("warpgroups" in cfg or "rows" in cfg) and not wg
+    bad_key = ("warpgroups" in cfg or "rows" in cfg or "split" in cfg) and not wg
     if any(isinstance(e, bool) for e in v) or v not in table or bad_key:
         raise ValueError(f"stream config must be one of {table} (wgmma {wg}), got {v!r}")
+    split = cfg.get("split", 1)
+    if isinstance(split, bool) or split not in (1, 2, 4, 8):
+        raise ValueError(f"stream config 'split' (K split over a cluster) must be 1, 2, 4 or 8: {cfg!r}")
     if wg and not wgmma_ok:
         return int(v[0]), 4 if v[0] == 128 else 6, 0, 0, int(v[0])
     return int(v[0]), int(v[1]), int(v[2]) if wg else 0, int(fence), int(v[3]) if wg else int(v[0])
+
+
+def stream_split(cfg: dict, wgmma: int) -> int:
+    """The K split of a checked "stream" entry (``stream_args``) for the kernel it runs: 1 on the mma.sync one."""
+    return int(cfg.get("split", 1)) if wgmma else 1
 
 
 # SM90 prefill with a PDL GEMM whose persistent grid leaves SMs idle (e.g. 128 output tiles on 132 SMs):
@@ -464,7 +489,7 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
             rstd_ptr = rstd.data_ptr()
         mod.decode_stream(
             dt, xs.data_ptr(), _ld(xs), w2.data_ptr(), _ld(w2), bptr, out.data_ptr(), out.stride(0), M, N, D,
-            float(eps), bn, stages, stream, wgmma, fence, rows, rstd_ptr,
+            float(eps), bn, stages, stream, wgmma, fence, rows, rstd_ptr, stream_split(p, wgmma),
         )  # fmt: skip
         return out.reshape(*lead, N)
     if p["path"] == "decode_mma":
