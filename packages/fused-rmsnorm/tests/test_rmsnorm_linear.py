@@ -401,16 +401,20 @@ def test_stream_auto_rows(monkeypatch):
     rows = {n: op.stream_auto(n, 4096, 132, splits=(1,))["rows"] for n in ns}  # session 41's rule: no split
     assert rows == {1024: 40, 2048: 40, 4096: 40, 5120: 40, 6144: 64, 10240: 40, 11008: 112, 14336: 112, 28672: 112}
     assert op.stream_auto(5120, 4096, 114, splits=(1,))["rows"] == 64  # 128 CTAs of 40 rows: 2 rounds on 114 SMs
-    # the K split only where the W' rows leave SMs idle: N 1024 is 26 CTAs of 40 rows, split 4 puts 104 on 132
-    assert {n: op.stream_auto(n, 4096, 132)["split"] for n in ns} == {n: 4 if n <= 2048 else 2 if n == 6144 else 1
-                                                                      for n in ns}  # fmt: skip
+    # the K split only where the W' rows leave half the SMs idle (N 1024: 26 CTAs of 40 rows, split 4 puts 104 on
+    # 132; N 2048: 52, split 2), one-warpgroup variants only, clusters on at most 80% of the SMs
+    assert {n: op.stream_auto(n, 4096, 132)["split"] for n in ns} == {n: {1024: 4, 2048: 2}.get(n, 1) for n in ns}
+    assert {n: op.stream_auto(n, 4096, 132)["rows"] for n in ns} == rows  # the same rows as unsplit at 132 SMs
     assert op.stream_auto(1024, 8192, 132) == {"bn": 64, "stages": 8, "warpgroups": 1, "rows": 40, "split": 4}
     for n in range(1, 70000, 997):
         for sms in (78, 114, 132):
             for k in (256, 4096, 16384):
                 c = op.stream_auto(n, k, sms)
                 assert (c["bn"], c["stages"], c["warpgroups"], c["rows"]) in op.STREAM_WG_VARIANTS
-                assert c["split"] == 1 or op.cdiv(n, c["rows"]) * c["split"] <= sms  # one wave of clusters
+                tiles = op.cdiv(n, c["rows"])
+                assert c["split"] == 1 or (
+                    c["warpgroups"] == 1 and 2 * tiles <= sms and 5 * tiles * c["split"] <= 4 * sms
+                )
     entry = {"path": "stream", "wgmma": True, "rows": "auto", "fn": {"path": "stream", "wgmma": True, "rows": "auto"}}
     monkeypatch.setattr(op._TUNING, "lookup", lambda *a, **k: {**entry, "fn": dict(entry["fn"])})
     want = {"path": "stream", "wgmma": True, "bn": 128, "stages": 6, "warpgroups": 2, "rows": 112, "split": 1}
@@ -424,8 +428,12 @@ def test_stream_auto_rows(monkeypatch):
     # differ), the stream kernel on x * g above (H100 session 41: 0.93-1.10x F.linear against 1.06-1.22x)
     assert plan("sm90", 8, 4096, 4096, has_gemm=True, folded=False, sms=132)["path"] == "decode_mma"
     assert plan("sm90", 1, 4096, 4096, has_gemm=True, folded=False, sms=132)["wload"] == 1
-    p = plan("sm90", 8, 4096, 14336, has_gemm=True, folded=False, sms=132)
-    assert (p["path"], p["rows"], p["split"]) == ("stream", 64, 2)  # 64 clusters of 2 on 128 SMs
+    assert plan("sm90", 8, 4096, 14336, has_gemm=True, folded=False, sms=132)["rows"] == 40
+    # and at N 1024, where the K split makes the stream kernel 20-25% faster than decode_mma (H200 session 43)
+    for M, K in ((1, 4096), (16, 4096), (1, 8192)):
+        p = plan("sm90", M, 1024, K, has_gemm=True, folded=False, sms=132)
+        assert (p["path"], p["rows"], p["split"]) == ("stream", 40, 4), (M, K)
+    assert plan("sm90", 1, 2048, 2048, has_gemm=True, folded=False, sms=132)["path"] == "decode_mma"
     assert plan("sm90", 8, 28672, 4096, has_gemm=True, folded=False, sms=132)["rows"] == 112
     assert plan("sm90", 8, 512, 4096, has_gemm=True, sms=132)["path"] == "decode_mma"
     assert plan("sm90", 17, 4096, 4096, has_gemm=True, sms=132)["path"] == "gemm"

@@ -155,11 +155,14 @@ STREAM_WG_VARIANTS = (
 # 1024-28672, M 1 and 16; benchmarks/results/probes/h100-probe_rmsnorm_stream-s41-sweep.json): the rule picks
 # the fastest variant or one within 2.5% of it at every shape there, at 0.90-1.01x F.linear where N >= 2048
 # against decode_mma's 1.04-1.31x; first listed wins a tie.
-# With the K split (session 43, "split": S CTAs of a cluster per `rows` rows, each streaming 1/S of K), only where
-# those CTAs still fit in one wave (narrow W': N 1024 is 26 CTAs of 40 rows on 132 SMs): the busiest CTA's rows *
-# weight * ceil(k-blocks / S), plus SPLIT_COST for the cluster's on-chip reduction in the same units (rows *
-# 128-wide k-blocks), against rows * weight * k-blocks per wave unsplit. S of STREAM_SPLITS, powers of two so
-# that whole clusters pack a GPC's SMs.
+# With the K split (session 43, "split": S CTAs of a cluster per `rows` rows, each streaming 1/S of K): the busiest
+# CTA's rows * weight * ceil(k-blocks / S), plus SPLIT_COST for the cluster's on-chip reduction in the same units
+# (rows * 128-wide k-blocks), against rows * weight * k-blocks per wave unsplit; S of STREAM_SPLITS. Only for the
+# one-warpgroup variants, only where the unsplit grid leaves half the SMs idle, and only while the clusters take at
+# most 80% of the SMs. H200 session 43 (scripts/probe_rmsnorm_stream.py, "auto sN"): 26 clusters of 4 (104 CTAs,
+# N 1024) ran 0.79-0.83x F.linear against 1.07-1.51x unsplit, 52 of 2 at D4096 N2048 0.80x against 0.93x; but 28
+# or 32 clusters of 4 (112 / 128 CTAs) ran 1.2-1.5x slower than unsplit (they did not all fit at once), and the
+# two-warpgroup 112-row kernel split lost at N 3072 and 6144.
 STREAM_AUTO = ((64, 8, 1, 40, 1.0), (128, 6, 2, 112, 0.72), (64, 6, 1, 64, 1.1), (64, 8, 1, 32, 1.3))
 STREAM_SPLITS = (1, 2, 4)
 SPLIT_COST = 192
@@ -171,10 +174,13 @@ def stream_auto(N: int, K: int, sms: int, splits: tuple[int, ...] = STREAM_SPLIT
     kt = cdiv(K, 128)
 
     def cost(c):
-        (_, _, _, rows, weight), s = c
+        (_, _, wg, rows, weight), s = c
+        tiles = cdiv(N, rows)
         if s == 1:
-            return cdiv(cdiv(N, rows), sms) * rows * weight * kt
-        return rows * weight * cdiv(kt, s) + SPLIT_COST if cdiv(N, rows) * s <= sms else float("inf")
+            return cdiv(tiles, sms) * rows * weight * kt
+        if wg == 1 and 2 * tiles <= sms and 5 * tiles * s <= 4 * sms:
+            return rows * weight * cdiv(kt, s) + SPLIT_COST
+        return float("inf")
 
     (bn, stages, wg, rows, _), split = min(((v, s) for s in splits for v in STREAM_AUTO), key=cost)
     return {"bn": bn, "stages": stages, "warpgroups": wg, "rows": rows, "split": split}
