@@ -162,10 +162,11 @@ STREAM_WG_VARIANTS = (
 # most 80% of the SMs. H200 session 43 (scripts/probe_rmsnorm_stream.py, "auto sN"): 26 clusters of 4 (104 CTAs,
 # N 1024) ran 0.79-0.83x F.linear against 1.07-1.51x unsplit, 52 of 2 at D4096 N2048 0.80x against 0.93x; but 28
 # or 32 clusters of 4 (112 / 128 CTAs) ran 1.2-1.5x slower than unsplit (they did not all fit at once), and the
-# two-warpgroup 112-row kernel split lost at N 3072 and 6144.
+# two-warpgroup 112-row kernel split lost at N 3072 and 6144. SPLIT_COST leaves 2048² (16 k-blocks) unsplit: split
+# 2 gained 1.5% there on the H200 and the H100 ran it at 6.69 us against session 41's 5.99 unsplit (run 3).
 STREAM_AUTO = ((64, 8, 1, 40, 1.0), (128, 6, 2, 112, 0.72), (64, 6, 1, 64, 1.1), (64, 8, 1, 32, 1.3))
 STREAM_SPLITS = (1, 2, 4)
-SPLIT_COST = 192
+SPLIT_COST = 330
 
 
 def stream_auto(N: int, K: int, sms: int, splits: tuple[int, ...] = STREAM_SPLITS) -> dict:
