@@ -551,30 +551,17 @@ int launch(Params p, cudaStream_t s) {
   const int wk = kWarps / p.wn;
   const size_t smem = smem_of(sizeof(float) * size_t(wk * TOK * (bn + 4) + wk * TOK + TOK));
 
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(gx), unsigned(p.ksplit), unsigned(gz));
-  cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  if (p.ksplit > 1) {
-    if (p.ksplit > 8) {
-      static signed char nonportable[kMaxDevices];
-      if (nonportable[dev] == 0) {
-        nonportable[dev] =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess ? 1 : -1;
-        cudaGetLastError();
-      }
-      if (nonportable[dev] < 0) return FRMS_ERR_UNSUPPORTED;
+  if (p.ksplit > 8) {
+    static signed char nonportable[kMaxDevices];
+    if (nonportable[dev] == 0) {
+      nonportable[dev] =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess ? 1 : -1;
+      cudaGetLastError();
     }
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = unsigned(p.ksplit);
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    if (nonportable[dev] < 0) return FRMS_ERR_UNSUPPORTED;
   }
-  return int(cudaLaunchKernelEx(&cfg, kernel, p));
+  return frms::launch_clustered(kernel, dim3(unsigned(gx), unsigned(p.ksplit), unsigned(gz)), dim3(kThreads, 1, 1),
+                                smem, s, dim3(1, unsigned(p.ksplit), 1), p);
 }
 
 // The (U, kEF) instances compiled for NT tiles: the default (kRing, evict_first) for every NT; for

@@ -618,19 +618,8 @@ int launch_wg(const Params& p, int split, cudaStream_t stream) {
     return int(cudaGetLastError());
   }
   // the K split: clusters of `split` CTAs along x (portable sizes <= 8), one per ROWS rows
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(tiles * unsigned(split));
-  cfg.blockDim = dim3(128 * WG);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(split);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return int(cudaLaunchKernelEx(&cfg, stream_wg_kernel<T, BN, STAGES, WG, ROWS>, p));
+  return frms::launch_clustered(stream_wg_kernel<T, BN, STAGES, WG, ROWS>, dim3(tiles * unsigned(split)),
+                                dim3(128 * WG), smem, stream, dim3(unsigned(split)), p);
 }
 
 // rows: W' rows per CTA (0 = bn; the wgmma kernel's ROWS). Of session 31's row-count variants only those that won or

@@ -163,17 +163,8 @@ void launch(const void* x, int64_t ldx, float* rstd, int64_t M, int64_t K, float
       // Launched as clusters of the GEMM's cluster size: a lone rstd CTA in a GPC would leave an odd number
       // of SMs there, and a 2-CTA GEMM cluster could not use the last one (capped grid: every cluster must fit).
       // The grid is the full ctas (a multiple of the cluster size) even if some CTAs get no rows.
-      cudaLaunchConfig_t cfg{};
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = unsigned(streamed);
-      attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
-      cfg.gridDim = dim3(unsigned(ctas));
-      cfg.blockDim = dim3(kSideWarps * 32);
-      cfg.stream = s;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      cudaLaunchKernelEx(&cfg, rstd_side_kernel<T, kWpr>, xp, ldx, rstd, M, K, eps, 1);
+      frms::launch_clustered(rstd_side_kernel<T, kWpr>, dim3(unsigned(ctas)), dim3(kSideWarps * 32), 0, s,
+                             dim3(unsigned(streamed)), xp, ldx, rstd, M, K, eps, 1);
       return;
     }
     dim3 grid(unsigned(need < ctas ? need : ctas)), block(kSideWarps * 32);

@@ -1,4 +1,5 @@
-// Small device helpers shared by decode.cu and rstd.cu (plain CUDA, compiles for sm_70+).
+// Small device helpers shared by the .cu units, and their thread-block-cluster launch (plain CUDA, compiles for
+// sm_70+).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -86,6 +87,28 @@ inline int current_device() {
   int dev = 0;
   cudaGetDevice(&dev);
   return dev >= 0 && dev < kMaxDevices ? dev : 0;
+}
+
+// cudaLaunchKernelEx of `kernel` on clusters of cluster.x * y * z CTAs (sm_90; no cluster attribute when that is 1).
+// Returns the launch's cudaError_t as an int.
+template <typename... KArgs, typename... Args>
+inline int launch_clustered(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                            dim3 cluster, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster.x;
+    attr[0].val.clusterDim.y = cluster.y;
+    attr[0].val.clusterDim.z = cluster.z;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return int(cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...));
 }
 
 }  // namespace frms
