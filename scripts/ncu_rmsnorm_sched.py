@@ -1,5 +1,5 @@
 """One call of an SM90 config alone (on a precomputed rstd, no PDL) per tile-scheduler knob, then F.linear, at
-B4096 D4096 N4096 bf16, each in an NVTX range under "prof/" for Nsight Compute (README, Session 34):
+B4096 D4096 N4096 bf16, each in an NVTX range under "prof/" for Nsight Compute (fused-rmsnorm NOTES.md, Session 34):
 
     ncu --nvtx --nvtx-include "prof/" --clock-control none --print-nvtx-rename kernel --csv \\
       --metrics gpc__cycles_elapsed.max,lts__t_sectors_srcunit_tex_op_read.sum,dram__bytes_read.sum \\

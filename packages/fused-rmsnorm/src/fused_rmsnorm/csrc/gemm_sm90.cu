@@ -78,7 +78,7 @@ using Cfg = Sm90Cfg<128, 128, 1, true, cutlass::gemm::StreamKScheduler>;
 #elif FRMS_SM90_CFG == 7
 // decode, <= 16 tokens: swap-AB 64 W rows x 16 tokens x 128 k, ping-pong, 2-CTA clusters along the W rows
 // (both CTAs' x tile arrives by one TMA multicast); 20 KB per stage, 11 stages of W in flight per SM.
-// cuBLAS runs a 64x16 tile with 2-CTA clusters at M=16 N14336 (README, session 8 profile).
+// cuBLAS runs a 64x16 tile with 2-CTA clusters at M=16 N14336 (NOTES.md, session 8 profile).
 using Cfg = Sm90Cfg<64, 16, 2, false, cutlass::gemm::PersistentScheduler, true, 128>;
 #elif FRMS_SM90_CFG == 8
 // decode, 17..32 tokens: as 7 with 32-token tiles (24 KB per stage)
