@@ -438,11 +438,16 @@ def test_stream_auto_rows(monkeypatch):
     assert plan("sm90", 1, 2048, 2048, has_gemm=True, folded=False, sms=132)["path"] == "decode_mma"
     assert plan("sm90", 8, 28672, 4096, has_gemm=True, folded=False, sms=132)["rows"] == 112
     # since session 43 the module's catch-all stream entry starts at N 512 (the K split: H100 run 3, D8192 N512 M1
-    # 7.25 us against decode_mma's 11.35); below, and functional calls below N 1024, decode_mma
+    # 7.25 us against decode_mma's 11.35); below, decode_mma
     p = plan("sm90", 8, 512, 4096, has_gemm=True, sms=132)
     assert (p["path"], p["rows"], p["split"]) == ("stream", 40, 4)
     assert plan("sm90", 8, 256, 4096, has_gemm=True, sms=132)["path"] == "decode_mma"
-    assert plan("sm90", 8, 512, 4096, has_gemm=True, folded=False, sms=132)["path"] == "decode_mma"
+    # functional calls at N 512..1023: the split stream kernel from K 8192 (H100 session 45, D8192 N512 M1 9.75 us
+    # against decode_mma's 12.17), decode_mma at K 4096 (6.81 against 8.19)
+    for M, N, K in ((1, 512, 8192), (16, 768, 16384)):
+        assert plan("sm90", M, N, K, has_gemm=True, folded=False, sms=132)["path"] == "stream", (M, N, K)
+    for M, N, K in ((8, 512, 4096), (1, 1000, 6144)):
+        assert plan("sm90", M, N, K, has_gemm=True, folded=False, sms=132)["path"] == "decode_mma", (M, N, K)
     assert plan("sm90", 17, 4096, 4096, has_gemm=True, sms=132)["path"] == "gemm"
 
 
