@@ -442,11 +442,11 @@ def test_stream_auto_rows(monkeypatch):
     p = plan("sm90", 8, 512, 4096, has_gemm=True, sms=132)
     assert (p["path"], p["rows"], p["split"]) == ("stream", 40, 4)
     assert plan("sm90", 8, 256, 4096, has_gemm=True, sms=132)["path"] == "decode_mma"
-    # functional calls at N 512..1023: the split stream kernel from K 8192 (H100 session 45, D8192 N512 M1 9.75 us
-    # against decode_mma's 12.17), decode_mma at K 4096 (6.81 against 8.19)
-    for M, N, K in ((1, 512, 8192), (16, 768, 16384)):
+    # functional calls at N 512..640: the split stream kernel from K 7168 (H100 session 45, D8192 N512 M1 9.73 us
+    # against decode_mma's 12.08), decode_mma at K 6144 (7.66 against 8.94) and N 768 (D8192: 9.49 against 10.59)
+    for M, N, K in ((1, 512, 8192), (16, 640, 16384)):
         assert plan("sm90", M, N, K, has_gemm=True, folded=False, sms=132)["path"] == "stream", (M, N, K)
-    for M, N, K in ((8, 512, 4096), (1, 1000, 6144)):
+    for M, N, K in ((8, 512, 4096), (1, 512, 6144), (1, 768, 8192), (1, 1000, 16384)):
         assert plan("sm90", M, N, K, has_gemm=True, folded=False, sms=132)["path"] == "decode_mma", (M, N, K)
     assert plan("sm90", 17, 4096, 4096, has_gemm=True, sms=132)["path"] == "gemm"
 
