@@ -157,12 +157,12 @@ def test_plan_sm90():
     from fused_rmsnorm.ops import rmsnorm_linear
 
     # decode shapes (module path) go to the wgmma stream kernel (session 41: rows "auto" for N >= 1024, since
-    # session 43 N >= 512, else the tensor-core decode kernel), 17..32 tokens of large weights to the swap-AB
-    # CUTLASS tiles, larger M to the CUTLASS GEMMs
+    # session 43 N >= 512, since session 47 N >= 256 from K 2048, else the tensor-core decode kernel), 17..32
+    # tokens of large weights to the swap-AB CUTLASS tiles, larger M to the CUTLASS GEMMs
     for M, N in ((1, 4096), (8, 4096)):
         p = plan("sm90", M, N, 4096, has_gemm=True)
         assert p["path"] == "stream" and p["rows"] == 40, (M, p)
-        p = plan("sm90", M, N // 16, 4096, has_gemm=True)
+        p = plan("sm90", M, N // 32, 4096, has_gemm=True)
         assert p["path"] == "decode_mma" and p["wn"] == 0 and p["ksplit"] == 0, (M, p)
     # session 12: at N14336 9..16 tokens take the swap-AB 64x16 tile computing rstd itself, on 112 CTAs (session
     # 26: its 224 W tiles two per CTA); session 29: the cp.async-ring "stream" kernel at 1..8 tokens of N14336 and
@@ -405,7 +405,10 @@ def test_stream_auto_rows(monkeypatch):
     # 132; N 2048: 52, split 2), one-warpgroup variants only, clusters on at most 80% of the SMs
     assert {n: op.stream_auto(n, 4096, 132)["split"] for n in ns} == {n: {1024: 4, 2048: 2}.get(n, 1) for n in ns}
     assert op.stream_auto(2048, 2048, 132)["split"] == 1  # 16 k-blocks: the reduction costs what split 2 saves
-    assert op.stream_auto(512, 8192, 132)["split"] == 4 and op.stream_auto(1536, 4096, 132)["rows"] == 64
+    assert op.stream_auto(1536, 4096, 132)["rows"] == 64
+    # split 8 (its reduction costs more) from about K 5000 at N 512: 104 CTAs, inside the 80% rule at 132 SMs only
+    assert [op.stream_auto(512, k, 132)["split"] for k in (4096, 6144, 8192, 16384)] == [4, 8, 8, 8]
+    assert op.stream_auto(512, 8192, 114)["split"] == 4 and op.stream_auto(768, 16384, 132)["split"] == 4
     assert {n: op.stream_auto(n, 4096, 132)["rows"] for n in ns} == rows  # the same rows as unsplit at 132 SMs
     assert op.stream_auto(1024, 8192, 132) == {"bn": 64, "stages": 8, "warpgroups": 1, "rows": 40, "split": 4}
     for n in range(1, 70000, 997):
@@ -438,10 +441,16 @@ def test_stream_auto_rows(monkeypatch):
     assert plan("sm90", 1, 2048, 2048, has_gemm=True, folded=False, sms=132)["path"] == "decode_mma"
     assert plan("sm90", 8, 28672, 4096, has_gemm=True, folded=False, sms=132)["rows"] == 112
     # since session 43 the module's catch-all stream entry starts at N 512 (the K split: H100 run 3, D8192 N512 M1
-    # 7.25 us against decode_mma's 11.35); below, decode_mma
+    # 7.25 us against decode_mma's 11.35), since session 47 at N 256 from K 2048 (split 4 or 8: H100 N256 / N384
+    # at D2048-16384 4-25% faster than decode_mma); below, decode_mma
     p = plan("sm90", 8, 512, 4096, has_gemm=True, sms=132)
     assert (p["path"], p["rows"], p["split"]) == ("stream", 40, 4)
-    assert plan("sm90", 8, 256, 4096, has_gemm=True, sms=132)["path"] == "decode_mma"
+    for M, N, K, split in ((1, 256, 2048, 4), (16, 384, 4096, 4), (1, 256, 8192, 8), (16, 511, 16384, 8)):
+        p = plan("sm90", M, N, K, has_gemm=True, sms=132)
+        assert (p["path"], p["rows"], p["split"]) == ("stream", 40, split), (M, N, K)
+        assert plan("sm90", M, N, K, has_gemm=True, folded=False, sms=132)["path"] == "decode_mma"
+    for N, K in ((255, 4096), (128, 8192), (384, 1024)):
+        assert plan("sm90", 8, N, K, has_gemm=True, sms=132)["path"] == "decode_mma", (N, K)
     # functional calls at N 512..640: the split stream kernel from K 7168 (H100 session 45, D8192 N512 M1 9.73 us
     # against decode_mma's 12.08), decode_mma at K 6144 (7.66 against 8.94) and N 768 (D8192: 9.49 against 10.59)
     for M, N, K in ((1, 512, 8192), (16, 640, 16384)):

@@ -164,9 +164,11 @@ STREAM_WG_VARIANTS = (
 # or 32 clusters of 4 (112 / 128 CTAs) ran 1.2-1.5x slower than unsplit (they did not all fit at once), and the
 # two-warpgroup 112-row kernel split lost at N 3072 and 6144. SPLIT_COST leaves 2048² (16 k-blocks) unsplit: split
 # 2 gained 1.5% there on the H200 and the H100 ran it at 6.69 us against session 41's 5.99 unsplit (run 3).
+# Split 8 (session 47, H200) reduces over 8 CTAs, so its SPLIT_COST is larger: at N 512 (13 clusters, 104 CTAs)
+# it tied split 4 at D4096 (5.67 vs 5.63 us) and beat it at D8192 (6.62 vs 7.16); 500 puts the switch near K 5000.
 STREAM_AUTO = ((64, 8, 1, 40, 1.0), (128, 6, 2, 112, 0.72), (64, 6, 1, 64, 1.1), (64, 8, 1, 32, 1.3))
-STREAM_SPLITS = (1, 2, 4)
-SPLIT_COST = 330
+STREAM_SPLITS = (1, 2, 4, 8)
+SPLIT_COST = {2: 330, 4: 330, 8: 500}
 
 
 def stream_auto(N: int, K: int, sms: int, splits: tuple[int, ...] = STREAM_SPLITS) -> dict:
@@ -180,7 +182,7 @@ def stream_auto(N: int, K: int, sms: int, splits: tuple[int, ...] = STREAM_SPLIT
         if s == 1:
             return cdiv(tiles, sms) * rows * weight * kt
         if wg == 1 and 2 * tiles <= sms and 5 * tiles * s <= 4 * sms:
-            return rows * weight * cdiv(kt, s) + SPLIT_COST
+            return rows * weight * cdiv(kt, s) + SPLIT_COST[s]
         return float("inf")
 
     (bn, stages, wg, rows, _), split = min(((v, s) for s in splits for v in STREAM_AUTO), key=cost)
