@@ -409,6 +409,10 @@ def test_stream_auto_rows(monkeypatch):
     # split 8 (its reduction costs more) from about K 5000 at N 512: 104 CTAs, inside the 80% rule at 132 SMs only
     assert [op.stream_auto(512, k, 132)["split"] for k in (4096, 6144, 8192, 16384)] == [4, 8, 8, 8]
     assert op.stream_auto(512, 8192, 114)["split"] == 4 and op.stream_auto(768, 16384, 132)["split"] == 4
+    # clusters of 8 on at most half the SMs reduce for less: N 256 (7 clusters) takes split 8 from K 4096, N 384
+    # (10 clusters) keeps split 4 there, and 16 k-blocks stay on split 4
+    assert [op.stream_auto(n, k, 132)["split"] for n, k in ((256, 4096), (384, 4096), (256, 2048))] == [8, 4, 4]
+    assert op.stream_auto(256, 4096, 100)["split"] == 4  # 56 CTAs are more than half of 100 SMs
     assert {n: op.stream_auto(n, 4096, 132)["rows"] for n in ns} == rows  # the same rows as unsplit at 132 SMs
     assert op.stream_auto(1024, 8192, 132) == {"bn": 64, "stages": 8, "warpgroups": 1, "rows": 40, "split": 4}
     for n in range(1, 70000, 997):

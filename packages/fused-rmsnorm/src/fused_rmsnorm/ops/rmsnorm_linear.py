@@ -166,9 +166,13 @@ STREAM_WG_VARIANTS = (
 # 2 gained 1.5% there on the H200 and the H100 ran it at 6.69 us against session 41's 5.99 unsplit (run 3).
 # Split 8 (session 47, H200) reduces over 8 CTAs, so its SPLIT_COST is larger: at N 512 (13 clusters, 104 CTAs)
 # it tied split 4 at D4096 (5.67 vs 5.63 us) and beat it at D8192 (6.62 vs 7.16); 500 puts the switch near K 5000.
+# Where the clusters of 8 take at most half the SMs it costs 450 (SPLIT_COST_SPARSE): N 256 (7 clusters) at D4096
+# ran 4.63-4.68 us on split 8 against 4.87-4.97 on split 4 (H100 sessions 47 and 48, H200 session 47), while N 384
+# (10 clusters) at D4096 and N 256 at D2048 kept split 4 ahead by 1-6% (H100).
 STREAM_AUTO = ((64, 8, 1, 40, 1.0), (128, 6, 2, 112, 0.72), (64, 6, 1, 64, 1.1), (64, 8, 1, 32, 1.3))
 STREAM_SPLITS = (1, 2, 4, 8)
 SPLIT_COST = {2: 330, 4: 330, 8: 500}
+SPLIT_COST_SPARSE = {8: 450}
 
 
 def stream_auto(N: int, K: int, sms: int, splits: tuple[int, ...] = STREAM_SPLITS) -> dict:
@@ -182,7 +186,8 @@ def stream_auto(N: int, K: int, sms: int, splits: tuple[int, ...] = STREAM_SPLIT
         if s == 1:
             return cdiv(tiles, sms) * rows * weight * kt
         if wg == 1 and 2 * tiles <= sms and 5 * tiles * s <= 4 * sms:
-            return rows * weight * cdiv(kt, s) + SPLIT_COST[s]
+            sparse = 2 * tiles * s <= sms and s in SPLIT_COST_SPARSE
+            return rows * weight * cdiv(kt, s) + (SPLIT_COST_SPARSE if sparse else SPLIT_COST)[s]
         return float("inf")
 
     (bn, stages, wg, rows, _), split = min(((v, s) for s in splits for v in STREAM_AUTO), key=cost)
