@@ -71,6 +71,18 @@ def measure(M: int, D: int, N: int, dev) -> dict:
         fns["fn stream"] = [
             _forced(cfg, lambda m=m: fused_rmsnorm_linear(x, m.norm_weight, m.weight, eps=EPS)) for m in mods
         ]
+    if M <= 16 and os.environ.get("PROBE_FN_DECODE"):  # session 49: the CUDA-core GEMV, which applies g itself
+        cfg = {"path": "decode", "ksplit": 0, "grid_blocks": 0}
+        fns["fn decode"] = [
+            _forced(cfg, lambda m=m: fused_rmsnorm_linear(x, m.norm_weight, m.weight, eps=EPS)) for m in mods
+        ]
+        fns["fn decode_mma"] = [
+            _forced(
+                {"path": "decode_mma", "wn": 0, "ksplit": 0},
+                lambda m=m: fused_rmsnorm_linear(x, m.norm_weight, m.weight, eps=EPS),
+            )
+            for m in mods
+        ]
     outs = {k: v[0]().clone() for k, v in fns.items()}
     torch.cuda.synchronize()
     xf = x.float()

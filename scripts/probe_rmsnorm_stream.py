@@ -53,6 +53,9 @@ for bn, st, g, r in op.STREAM_WG_VARIANTS:
 EXTRA = {"wg1 64x4 fence": {**_WG, "bn": 64, "stages": 4, "proxy_fence": True}}
 # session 41: the tensor-core decode kernel's default (the sm90 catch-all before rows "auto"), for comparison
 EXTRA["decode_mma"] = {"path": "decode_mma", "wn": 0, "ksplit": 0}
+# session 49: the CUDA-core GEMV (decode.cu, the pre-sm_80 path; K split inside the block) at small N, where
+# cuBLAS's own CUDA-core gemv beat its tensor-core kernel (H100 s49: D2056 N300 M1 3.35 us vs D2048 N256 4.82)
+EXTRA["decode"] = {"path": "decode", "ksplit": 0, "grid_blocks": 0}
 # session 43: rows "auto" resolved with only these K splits ("auto s1": session 41's rule), per shape
 EXTRA.update({f"auto s{s}": {"auto_splits": (s,)} for s in (1, 2, 4, 8)})
 if os.environ.get("PROBE_VARIANTS"):

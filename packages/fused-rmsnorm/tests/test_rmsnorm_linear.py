@@ -157,13 +157,30 @@ def test_plan_sm90():
     from fused_rmsnorm.ops import rmsnorm_linear
 
     # decode shapes (module path) go to the wgmma stream kernel (session 41: rows "auto" for N >= 1024, since
-    # session 43 N >= 512, since session 47 N >= 256 from K 2048, else the tensor-core decode kernel), 17..32
-    # tokens of large weights to the swap-AB CUTLASS tiles, larger M to the CUTLASS GEMMs
+    # session 43 N >= 512, since session 47 N >= 256 from K 2048, else the tensor-core decode kernel; since
+    # session 49 the CUDA-core GEMV below N 512 at <= 2 tokens, 3..4 up to K 4096), 17..32 tokens of large
+    # weights to the swap-AB CUTLASS tiles, larger M to the CUTLASS GEMMs
     for M, N in ((1, 4096), (8, 4096)):
         p = plan("sm90", M, N, 4096, has_gemm=True)
         assert p["path"] == "stream" and p["rows"] == 40, (M, p)
-        p = plan("sm90", M, N // 32, 4096, has_gemm=True)
-        assert p["path"] == "decode_mma" and p["wn"] == 0 and p["ksplit"] == 0, (M, p)
+    p = plan("sm90", 8, 128, 4096, has_gemm=True)
+    assert p["path"] == "decode_mma" and p["wn"] == 0 and p["ksplit"] == 0, p
+    gemv = {"path": "decode", "ksplit": 0, "grid_blocks": 0}
+    for M, N, K in ((1, 128, 4096), (2, 511, 16384), (4, 511, 4096), (3, 256, 1024)):  # module and functional alike
+        for folded in (True, False):
+            assert plan("sm90", M, N, K, has_gemm=True, folded=folded) == gemv, (M, N, K, folded)
+    # beyond the measured K, and 4 tokens at D8192 N256 / D16384 N384 (H100 s49: 6.27 / 13.38 us against the stream
+    # kernel's ~6.15 / 8.78: each W chunk reads 4 x chunks through L1, whose share of K no longer fits there)
+    for M, N, K in ((1, 256, 32768), (4, 256, 8192), (4, 384, 16384), (5, 256, 2048)):
+        assert plan("sm90", M, N, K, has_gemm=True)["path"] == "stream", (M, N, K)
+    # one-token functional calls from K 2048 below 2^24 weights (no rstd_scale launch, no ring: H100 s49 D4096
+    # N1024 7.11 us against the split stream kernel's 9.36, 2048^2 6.82 against decode_mma's 7.78); module calls
+    # of those shapes keep the stream kernel
+    for N, K in ((1024, 4096), (2048, 2048), (512, 8192), (1024, 16383)):
+        assert plan("sm90", 1, N, K, has_gemm=True, folded=False) == gemv, (N, K)
+        assert plan("sm90", 1, N, K, has_gemm=True)["path"] == "stream", (N, K)
+    for M, N, K in ((1, 4096, 4096), (1, 1024, 1024), (2, 1024, 4096)):
+        assert plan("sm90", M, N, K, has_gemm=True, folded=False)["path"] != "decode", (M, N, K)
     # session 12: at N14336 9..16 tokens take the swap-AB 64x16 tile computing rstd itself, on 112 CTAs (session
     # 26: its 224 W tiles two per CTA); session 29: the cp.async-ring "stream" kernel at 1..8 tokens of N14336 and
     # 1..16 of 8192^2 and 5120^2; session 30: its wgmma twin with two warpgroups at 1..16 tokens of N14336;
@@ -439,17 +456,17 @@ def test_stream_auto_rows(monkeypatch):
     assert plan("sm90", 1, 4096, 4096, has_gemm=True, folded=False, sms=132)["wload"] == 1
     assert plan("sm90", 8, 4096, 14336, has_gemm=True, folded=False, sms=132)["rows"] == 40
     # and at N 1024, where the K split makes the stream kernel 20-25% faster than decode_mma (H200 session 43)
-    for M, K in ((1, 4096), (16, 4096), (1, 8192)):
+    for M, K in ((2, 4096), (16, 4096), (16, 8192)):  # (one token: the CUDA-core GEMV since session 49)
         p = plan("sm90", M, 1024, K, has_gemm=True, folded=False, sms=132)
         assert (p["path"], p["rows"], p["split"]) == ("stream", 40, 4), (M, K)
-    assert plan("sm90", 1, 2048, 2048, has_gemm=True, folded=False, sms=132)["path"] == "decode_mma"
+    assert plan("sm90", 2, 2048, 2048, has_gemm=True, folded=False, sms=132)["path"] == "decode_mma"
     assert plan("sm90", 8, 28672, 4096, has_gemm=True, folded=False, sms=132)["rows"] == 112
     # since session 43 the module's catch-all stream entry starts at N 512 (the K split: H100 run 3, D8192 N512 M1
     # 7.25 us against decode_mma's 11.35), since session 47 at N 256 from K 2048 (split 4 or 8: H100 N256 / N384
     # at D2048-16384 4-25% faster than decode_mma); below, decode_mma
     p = plan("sm90", 8, 512, 4096, has_gemm=True, sms=132)
     assert (p["path"], p["rows"], p["split"]) == ("stream", 40, 4)
-    for M, N, K, split in ((1, 256, 2048, 4), (16, 384, 4096, 4), (1, 256, 8192, 8), (16, 511, 16384, 8)):
+    for M, N, K, split in ((5, 256, 2048, 4), (16, 384, 4096, 4), (8, 256, 8192, 8), (16, 511, 16384, 8)):
         p = plan("sm90", M, N, K, has_gemm=True, sms=132)
         assert (p["path"], p["rows"], p["split"]) == ("stream", 40, split), (M, N, K)
         assert plan("sm90", M, N, K, has_gemm=True, folded=False, sms=132)["path"] == "decode_mma"
@@ -457,9 +474,9 @@ def test_stream_auto_rows(monkeypatch):
         assert plan("sm90", 8, N, K, has_gemm=True, sms=132)["path"] == "decode_mma", (N, K)
     # functional calls at N 512..640: the split stream kernel from K 7168 (H100 session 45, D8192 N512 M1 9.73 us
     # against decode_mma's 12.08), decode_mma at K 6144 (7.66 against 8.94) and N 768 (D8192: 9.49 against 10.59)
-    for M, N, K in ((1, 512, 8192), (16, 640, 16384)):
+    for M, N, K in ((2, 512, 8192), (16, 640, 16384)):
         assert plan("sm90", M, N, K, has_gemm=True, folded=False, sms=132)["path"] == "stream", (M, N, K)
-    for M, N, K in ((8, 512, 4096), (1, 512, 6144), (1, 768, 8192), (1, 1000, 16384)):
+    for M, N, K in ((8, 512, 4096), (2, 512, 6144), (2, 768, 8192), (2, 1000, 16384)):
         assert plan("sm90", M, N, K, has_gemm=True, folded=False, sms=132)["path"] == "decode_mma", (M, N, K)
     assert plan("sm90", 17, 4096, 4096, has_gemm=True, sms=132)["path"] == "gemm"
 
@@ -935,6 +952,37 @@ def test_gpu_stream_rejects_bad_args():
     else:
         with pytest.raises(RuntimeError, match="decode_stream"):  # no sm_90a kernel to run: refused, not launched
             m.decode_stream(**{**ok, "wgmma": 1})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 2, 3, 4])
+@pytest.mark.parametrize("D,N", [(2056, 300), (4104, 511), (1032, 128)])
+def test_gpu_decode_small_n_via_table(D, N, M, dtype):
+    """Where the shipped table picks the CUDA-core GEMV (sm90 since session 49: <= 4 tokens, N < 512): module
+    (folded W' cached, the kernel reads W and g) and functional calls, K off a 256-wide step, N odd, x rows padded
+    and 100x apart in scale, bias, a NaN-poisoned allocator and a CUDA-graph replay."""
+    from fused_rmsnorm.ops import rmsnorm_linear as op
+
+    dev = torch.device("cuda")
+    if backend.get_ext(dev).kind == "torch":
+        pytest.skip("no extension built for this GPU")
+    x, g, w, b = _gpu_case(M, D + 24, N, dtype, bias=True, seed=7 * M + N)
+    x = (x.float() * torch.logspace(-1, 1, M, device="cuda")[:, None]).to(dtype)[:, :D]  # row stride D + 24
+    g, w = g[:D].contiguous(), w[:, :D].contiguous()
+    wf = fold_weight(g, w)
+    if op.arch_key(dev) == "sm90":
+        assert op.plan("sm90", M, N, D, has_gemm=True, folded=True, sms=op.num_sms(dev))["path"] == "decode"
+    ref = _ref32(x, g, w, b, 1e-6).double()
+    for call in (lambda: fused_rmsnorm_linear(x, g, w, b), lambda: op.fused_rmsnorm_linear_folded(x, g, w, wf, b)):
+        junk = torch.full((M * N * 4,), float("nan"), device="cuda", dtype=dtype)
+        del junk
+        y = call()
+        torch.cuda.synchronize()
+        errs = (y.double() - ref).norm(dim=1) / ref.norm(dim=1)
+        assert y.shape == (M, N) and torch.isfinite(y).all() and errs.max() <= 1e-2, errs.max()
+    yg = _folded_graph_replay(x, g, w, wf, b)
+    assert torch.isfinite(yg).all() and rel_err(yg, ref) <= 1e-2
 
 
 @pytest.mark.gpu

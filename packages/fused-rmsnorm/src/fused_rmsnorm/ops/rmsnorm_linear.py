@@ -104,7 +104,8 @@ def plan(
     """
     # T128: tiles of a 128 x 128 output grid, so an entry can ask for about one wave of such tiles
     wave = int(wave_prefers_128x128(M, N, sms)) if M * N >= 2**23 else 0  # only the MN rule's rows ask
-    cfg = _TUNING.lookup(arch, M=M, N=N, K=K, MN=M * N, NK=N * K, T128=cdiv(M, 128) * cdiv(N, 128), WAVE_C1=wave)
+    t128 = cdiv(M, 128) * cdiv(N, 128)
+    cfg = _TUNING.lookup(arch, M=M, N=N, K=K, MN=M * N, NK=N * K, T128=t128, WAVE_C1=wave, FOLDED=int(folded))
     fn = cfg.pop("fn", None)
     if fn is not None and not folded:
         cfg = dict(fn)
