@@ -7,7 +7,8 @@ over x, then the kernel streams W (not W') and takes that rstd. This times, per 
 rounds (CUDA graphs, weight sets rotated out of L2): F.linear, the unfused pair, the module (table), the
 functional call with the table's choice ("fn", decode_mma for most rows), and the functional call forced onto
 the module entry's stream config ("fn stream", where the module entry is a stream one), after a check of every
-output against the fp32 reference (rows far apart in scale). Prints a table last.
+output against the fp32 reference (rows far apart in scale). Prints a table last. PROBE_FN_DECODE=1 (session 49)
+also times the functional call forced onto the CUDA-core GEMV ("fn decode") and onto decode_mma ("fn decode_mma").
 """
 
 from __future__ import annotations
@@ -72,17 +73,12 @@ def measure(M: int, D: int, N: int, dev) -> dict:
             _forced(cfg, lambda m=m: fused_rmsnorm_linear(x, m.norm_weight, m.weight, eps=EPS)) for m in mods
         ]
     if M <= 16 and os.environ.get("PROBE_FN_DECODE"):  # session 49: the CUDA-core GEMV, which applies g itself
-        cfg = {"path": "decode", "ksplit": 0, "grid_blocks": 0}
-        fns["fn decode"] = [
-            _forced(cfg, lambda m=m: fused_rmsnorm_linear(x, m.norm_weight, m.weight, eps=EPS)) for m in mods
-        ]
-        fns["fn decode_mma"] = [
-            _forced(
-                {"path": "decode_mma", "wn": 0, "ksplit": 0},
-                lambda m=m: fused_rmsnorm_linear(x, m.norm_weight, m.weight, eps=EPS),
-            )
-            for m in mods
-        ]
+        forced = {"fn decode": {"path": "decode", "ksplit": 0, "grid_blocks": 0}}
+        forced["fn decode_mma"] = {"path": "decode_mma", "wn": 0, "ksplit": 0}
+        for name, cfg in forced.items():
+            fns[name] = [
+                _forced(cfg, lambda m=m: fused_rmsnorm_linear(x, m.norm_weight, m.weight, eps=EPS)) for m in mods
+            ]
     outs = {k: v[0]().clone() for k, v in fns.items()}
     torch.cuda.synchronize()
     xf = x.float()
