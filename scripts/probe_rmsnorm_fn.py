@@ -8,7 +8,8 @@ rounds (CUDA graphs, weight sets rotated out of L2): F.linear, the unfused pair,
 functional call with the table's choice ("fn", decode_mma for most rows), and the functional call forced onto
 the module entry's stream config ("fn stream", where the module entry is a stream one), after a check of every
 output against the fp32 reference (rows far apart in scale). Prints a table last. PROBE_FN_DECODE=1 (session 49)
-also times the functional call forced onto the CUDA-core GEMV ("fn decode") and onto decode_mma ("fn decode_mma").
+also times the functional call forced onto the CUDA-core GEMV ("fn decode") and onto decode_mma ("fn decode_mma");
+PROBE_FN_DECODE_SPLITS="8,4,2,1" (session 50) adds the GEMV with each K split forced ("fn decode k8", ...).
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ def measure(M: int, D: int, N: int, dev) -> dict:
     if M <= 16 and os.environ.get("PROBE_FN_DECODE"):  # session 49: the CUDA-core GEMV, which applies g itself
         forced = {"fn decode": {"path": "decode", "ksplit": 0, "grid_blocks": 0}}
         forced["fn decode_mma"] = {"path": "decode_mma", "wn": 0, "ksplit": 0}
+        for s in os.environ.get("PROBE_FN_DECODE_SPLITS", "").split(","):  # session 50, e.g. "8,4,2,1"
+            if s:
+                forced[f"fn decode k{s}"] = {"path": "decode", "ksplit": int(s), "grid_blocks": 0}
         for name, cfg in forced.items():
             fns[name] = [
                 _forced(cfg, lambda m=m: fused_rmsnorm_linear(x, m.norm_weight, m.weight, eps=EPS)) for m in mods

@@ -56,8 +56,11 @@ EXTRA["decode_mma"] = {"path": "decode_mma", "wn": 0, "ksplit": 0}
 # session 49: the CUDA-core GEMV (decode.cu, the pre-sm_80 path; K split inside the block) at small N, where
 # cuBLAS's own CUDA-core gemv beat its tensor-core kernel (H100 s49: D2056 N300 M1 3.35 us vs D2048 N256 4.82)
 EXTRA["decode"] = {"path": "decode", "ksplit": 0, "grid_blocks": 0}
+# session 50: the GEMV with its K split forced ("decode k8": 8 warps on one W row), against its one-wave rule
+EXTRA.update({f"decode k{s}": {"path": "decode", "ksplit": s, "grid_blocks": 0} for s in (1, 2, 4, 8)})
 # session 43: rows "auto" resolved with only these K splits ("auto s1": session 41's rule), per shape
 EXTRA.update({f"auto s{s}": {"auto_splits": (s,)} for s in (1, 2, 4, 8)})
+EXTRA["stream auto"] = {"auto_splits": op.STREAM_SPLITS}  # session 50: rows "auto" as the catch-all entry runs it
 if os.environ.get("PROBE_VARIANTS"):
     # a named wgmma variant with " sN" appended runs with the K split N, e.g. "wg1 64x8 r40 s4"
     ALL = {**VARIANTS, **EXTRA}

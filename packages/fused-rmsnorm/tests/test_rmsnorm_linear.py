@@ -158,29 +158,34 @@ def test_plan_sm90():
 
     # decode shapes (module path) go to the wgmma stream kernel (session 41: rows "auto" for N >= 1024, since
     # session 43 N >= 512, since session 47 N >= 256 from K 2048, else the tensor-core decode kernel; since
-    # session 49 the CUDA-core GEMV up to N 384 at <= 2 tokens, 3..4 up to N 256 and K 4096), 17..32 tokens of
-    # large weights to the swap-AB CUTLASS tiles, larger M to the CUTLASS GEMMs
+    # session 49 the CUDA-core GEMV up to N 384 at <= 2 tokens, 3..4 up to N 256 and K 4096; since session 50, with
+    # its one-wave K split, up to N 2048, K 8192 and 2^23 weights at <= 2 tokens and N 512 at 3..4), 17..32 tokens
+    # of large weights to the swap-AB CUTLASS tiles, larger M to the CUTLASS GEMMs
     for M, N in ((1, 4096), (8, 4096)):
         p = plan("sm90", M, N, 4096, has_gemm=True)
         assert p["path"] == "stream" and p["rows"] == 40, (M, p)
     p = plan("sm90", 8, 128, 4096, has_gemm=True)
     assert p["path"] == "decode_mma" and p["wn"] == 0 and p["ksplit"] == 0, p
     gemv = {"path": "decode", "ksplit": 0, "grid_blocks": 0}
-    for M, N, K in ((1, 128, 4096), (2, 384, 16384), (4, 256, 4096), (3, 256, 1024)):  # module and functional alike
+    cases = ((1, 128, 4096), (2, 384, 16384), (4, 256, 4096), (3, 256, 1024), (1, 400, 4096), (2, 2048, 4096),
+             (1, 1024, 8192), (1, 512, 1024), (3, 300, 2048), (4, 512, 4096))  # fmt: skip
+    for M, N, K in cases:  # module and functional alike
         for folded in (True, False):
             assert plan("sm90", M, N, K, has_gemm=True, folded=folded) == gemv, (M, N, K, folded)
     # beyond the measured K; 4 tokens at D8192 N256 / D16384 N384 (H100 s49: 6.27 / 13.38 us against the stream
     # kernel's ~6.15 / 8.78: each W chunk reads 4 x chunks through L1, whose share of K no longer fits there);
-    # more rows than one wave of its CTAs covers (M3 D2048 N300: 4.99 against 4.28, two rows per CTA in turn)
-    for M, N, K in ((1, 256, 32768), (4, 256, 8192), (4, 384, 16384), (5, 256, 2048), (3, 300, 2048), (1, 400, 4096)):
+    # W beyond 2^23 elements or rows of 16384 at N >= 512 (H100 s50: D2048 N4096 9.17 against 8.47, D16384 N512
+    # 10.04 against 9.91); 5+ tokens
+    for M, N, K in ((1, 256, 32768), (4, 256, 8192), (4, 384, 16384), (5, 256, 2048), (4, 640, 2048),
+                    (1, 4096, 2048), (2, 2048, 8192), (1, 512, 16384), (2, 2056, 1024)):  # fmt: skip
         assert plan("sm90", M, N, K, has_gemm=True)["path"] == "stream", (M, N, K)
     # one-token functional calls from K 2048 below 2^24 weights (no rstd_scale launch, no ring: H100 s49 D4096
     # N1024 7.11 us against the split stream kernel's 9.36, 2048^2 6.82 against decode_mma's 7.78); module calls
-    # of those shapes keep the stream kernel
-    for N, K in ((1024, 4096), (2048, 2048), (512, 8192), (1024, 16383)):
+    # of those shapes beyond the module entries keep the stream kernel
+    for N, K in ((4096, 2048), (2048, 4096 + 8), (512, 16384), (1024, 16383)):
         assert plan("sm90", 1, N, K, has_gemm=True, folded=False) == gemv, (N, K)
         assert plan("sm90", 1, N, K, has_gemm=True)["path"] == "stream", (N, K)
-    for M, N, K in ((1, 4096, 4096), (1, 1024, 1024), (2, 1024, 4096)):
+    for M, N, K in ((1, 4096, 4096), (2, 4096, 2048), (2, 1024, 16384)):
         assert plan("sm90", M, N, K, has_gemm=True, folded=False)["path"] != "decode", (M, N, K)
     # session 12: at N14336 9..16 tokens take the swap-AB 64x16 tile computing rstd itself, on 112 CTAs (session
     # 26: its 224 W tiles two per CTA); session 29: the cp.async-ring "stream" kernel at 1..8 tokens of N14336 and
@@ -457,10 +462,12 @@ def test_stream_auto_rows(monkeypatch):
     assert plan("sm90", 1, 4096, 4096, has_gemm=True, folded=False, sms=132)["wload"] == 1
     assert plan("sm90", 8, 4096, 14336, has_gemm=True, folded=False, sms=132)["rows"] == 40
     # and at N 1024, where the K split makes the stream kernel 20-25% faster than decode_mma (H200 session 43)
-    for M, K in ((2, 4096), (16, 4096), (16, 8192)):  # (one token: the CUDA-core GEMV since session 49)
+    # (1-2 tokens: the CUDA-core GEMV since sessions 49 / 50)
+    for M, K in ((3, 4096), (16, 4096), (16, 8192)):
         p = plan("sm90", M, 1024, K, has_gemm=True, folded=False, sms=132)
         assert (p["path"], p["rows"], p["split"]) == ("stream", 40, 4), (M, K)
-    assert plan("sm90", 2, 2048, 2048, has_gemm=True, folded=False, sms=132)["path"] == "decode_mma"
+    assert plan("sm90", 3, 2048, 2048, has_gemm=True, folded=False, sms=132)["path"] == "decode_mma"
+    assert plan("sm90", 2, 2048, 2048, has_gemm=True, folded=False, sms=132)["path"] == "decode"
     assert plan("sm90", 8, 28672, 4096, has_gemm=True, folded=False, sms=132)["rows"] == 112
     # since session 43 the module's catch-all stream entry starts at N 512 (the K split: H100 run 3, D8192 N512 M1
     # 7.25 us against decode_mma's 11.35), since session 47 at N 256 from K 2048 (split 4 or 8: H100 N256 / N384
@@ -475,9 +482,10 @@ def test_stream_auto_rows(monkeypatch):
         assert plan("sm90", 8, N, K, has_gemm=True, sms=132)["path"] == "decode_mma", (N, K)
     # functional calls at N 512..640: the split stream kernel from K 7168 (H100 session 45, D8192 N512 M1 9.73 us
     # against decode_mma's 12.08), decode_mma at K 6144 (7.66 against 8.94) and N 768 (D8192: 9.49 against 10.59)
-    for M, N, K in ((2, 512, 8192), (16, 640, 16384)):
+    # (1-2 tokens up to K 8192 and 2^23 weights: the CUDA-core GEMV since session 50)
+    for M, N, K in ((3, 512, 8192), (16, 640, 16384)):
         assert plan("sm90", M, N, K, has_gemm=True, folded=False, sms=132)["path"] == "stream", (M, N, K)
-    for M, N, K in ((8, 512, 4096), (2, 512, 6144), (2, 768, 8192), (2, 1000, 16384)):
+    for M, N, K in ((8, 512, 4096), (3, 512, 6144), (3, 768, 8192), (2, 1000, 16384)):
         assert plan("sm90", M, N, K, has_gemm=True, folded=False, sms=132)["path"] == "decode_mma", (M, N, K)
     assert plan("sm90", 17, 4096, 4096, has_gemm=True, sms=132)["path"] == "gemm"
 
@@ -689,7 +697,7 @@ def test_gpu_decode_mma_vs_fp32(M, D, dtype, with_bias):
     xs = torch.cat([x, x[:, :72]], dim=1)[:, :D]  # row stride D + 72: strided rows
     if M <= 16:  # the shipped sm90 table routes 17..32 to the GEMM (and, since session 41, module calls of
         # N >= 1024 to the wgmma stream kernel): the module path covers those then
-        want = "decode" if M == 1 else "decode_mma"  # one token: the CUDA-core GEMV since session 49
+        want = "decode" if M <= 2 else "decode_mma"  # 1-2 tokens: the CUDA-core GEMV (sessions 49 / 50)
         assert plan("sm90", M, N, D, has_gemm=True, folded=False)["path"] == want
     y = fused_rmsnorm_linear(xs, g, w, b, eps=1e-5)
     ref = _ref32(x, g, w, b, 1e-5).double()
@@ -959,9 +967,11 @@ def test_gpu_stream_rejects_bad_args():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("M,D,N", [(1, 2056, 300), (2, 4104, 383), (1, 1032, 128), (2, 16376, 130), (3, 2056, 200),
-                                   (4, 4088, 256), (3, 1032, 128), (4, 2056, 251)])  # fmt: skip
+                                   (4, 4088, 256), (3, 1032, 128), (4, 2056, 251), (1, 1032, 1000), (2, 4104, 1531),
+                                   (1, 8184, 1021), (3, 2056, 450), (4, 4088, 509)])  # fmt: skip
 def test_gpu_decode_small_n_via_table(M, D, N, dtype):
-    """Where the shipped table picks the CUDA-core GEMV (sm90 since session 49: <= 4 tokens, small N): module
+    """Where the shipped table picks the CUDA-core GEMV (sm90 since session 49: <= 4 tokens, small N; session 50
+    up to N 2048 at 1-2 tokens, each K split of its one-wave rule at the N of the last five cases): module
     (folded W' cached, the kernel reads W and g) and functional calls, K off a 256-wide step, N odd, x rows padded
     and 100x apart in scale, bias, a NaN-poisoned allocator and a CUDA-graph replay."""
     from fused_rmsnorm.ops import rmsnorm_linear as op
