@@ -971,7 +971,7 @@ def test_gpu_stream_rejects_bad_args():
                                    (1, 8184, 1021), (3, 2056, 450), (4, 4088, 509)])  # fmt: skip
 def test_gpu_decode_small_n_via_table(M, D, N, dtype):
     """Where the shipped table picks the CUDA-core GEMV (sm90 since session 49: <= 4 tokens, small N; session 50
-    up to N 2048 at 1-2 tokens, each K split of its one-wave rule at the N of the last five cases): module
+    up to N 2048 at 1-2 tokens; its one-wave rule picks split 2 or 4 at the last five cases, 8 before): module
     (folded W' cached, the kernel reads W and g) and functional calls, K off a 256-wide step, N odd, x rows padded
     and 100x apart in scale, bias, a NaN-poisoned allocator and a CUDA-graph replay."""
     from fused_rmsnorm.ops import rmsnorm_linear as op
