@@ -159,26 +159,39 @@ def test_plan_sm90():
     # decode shapes (module path) go to the wgmma stream kernel (session 41: rows "auto" for N >= 1024, since
     # session 43 N >= 512, since session 47 N >= 256 from K 2048, else the tensor-core decode kernel; since
     # session 49 the CUDA-core GEMV up to N 384 at <= 2 tokens, 3..4 up to N 256 and K 4096; since session 50, with
-    # its one-wave K split, up to N 2048, K 8192 and 2^23 weights at <= 2 tokens and N 512 at 3..4), 17..32 tokens
-    # of large weights to the swap-AB CUTLASS tiles, larger M to the CUTLASS GEMMs
+    # its one-wave K split, up to N 2048, K 8192 and 2^23 weights at <= 2 tokens and N 512 at 3..4; since session
+    # 51 up to 1.5 x 2^22 weights at <= 2 tokens and also N 1024 at K <= 1024 at 3..4), 17..32 tokens of large
+    # weights to the swap-AB CUTLASS tiles, larger M to the CUTLASS GEMMs
     for M, N in ((1, 4096), (8, 4096)):
         p = plan("sm90", M, N, 4096, has_gemm=True)
         assert p["path"] == "stream" and p["rows"] == 40, (M, p)
     p = plan("sm90", 8, 128, 4096, has_gemm=True)
     assert p["path"] == "decode_mma" and p["wn"] == 0 and p["ksplit"] == 0, p
     gemv = {"path": "decode", "ksplit": 0, "grid_blocks": 0}
-    cases = ((1, 128, 4096), (2, 384, 16384), (4, 256, 4096), (3, 256, 1024), (1, 400, 4096), (2, 2048, 4096),
-             (1, 1024, 8192), (1, 512, 1024), (3, 300, 2048), (4, 512, 4096))  # fmt: skip
+    cases = ((1, 128, 4096), (2, 384, 16384), (4, 256, 4096), (3, 256, 1024), (1, 400, 4096), (2, 1536, 4096),
+             (1, 768, 8192), (1, 512, 1024), (3, 300, 2048), (4, 512, 4096), (3, 1024, 1024),
+             (4, 513, 512))  # fmt: skip
     for M, N, K in cases:  # module and functional alike
         for folded in (True, False):
             assert plan("sm90", M, N, K, has_gemm=True, folded=folded) == gemv, (M, N, K, folded)
     # beyond the measured K; 4 tokens at D8192 N256 / D16384 N384 (H100 s49: 6.27 / 13.38 us against the stream
     # kernel's ~6.15 / 8.78: each W chunk reads 4 x chunks through L1, whose share of K no longer fits there);
     # W beyond 2^23 elements or rows of 16384 at N >= 512 (H100 s50: D2048 N4096 9.17 against 8.47, D16384 N512
-    # 10.04 against 9.91); 5+ tokens
+    # 10.04 against 9.91), and at 2^23 on the H200 (s51: M1 / M2 D4096 N2048 8.04 / 8.39 against 7.86 / 7.94, D8192
+    # N1024 8.44 / 8.64 against 8.23 / 8.28; the H100 had gained ~0.4 us there in s50); 3-4 tokens beyond N 512 from
+    # K 2048 (H200 s51: M4 D2048 N640 4.81 against 4.52, M3 D2048 N2048 6.81 against 6.24); 5+ tokens
     for M, N, K in ((1, 256, 32768), (4, 256, 8192), (4, 384, 16384), (5, 256, 2048), (4, 640, 2048),
-                    (1, 4096, 2048), (2, 2048, 8192), (1, 512, 16384), (2, 2056, 1024)):  # fmt: skip
+                    (1, 4096, 2048), (2, 2048, 8192), (1, 512, 16384), (2, 2056, 1024), (1, 2048, 4096),
+                    (2, 1024, 8192), (4, 1025, 1024), (3, 1024, 2048)):  # fmt: skip
         assert plan("sm90", M, N, K, has_gemm=True)["path"] == "stream", (M, N, K)
+    # functional calls there: the GEMV up to 2^23 weights at 2 tokens, and at 3-4 tokens below N 1024 up to K 2048,
+    # N 1024 up to K 8192 and N 512-640 from K 7168 (no rstd_scale launch before it: H200 s51 M3 D2048 N1024 4.97 us
+    # against the split stream kernel's 7.78, M4 D8192 N512 7.92 against 9.51); decode_mma where it won or tied
+    # (M4 D4096 N640 6.19 against the GEMV's 6.86, M4 D2048 N1536 6.30 against 7.20, M3 D4096 N768 6.45 against 6.41)
+    for M, N, K in ((2, 2048, 4096), (2, 1024, 8192), (4, 768, 2048), (3, 1024, 2048), (4, 1024, 8192), (4, 512, 8192)):
+        assert plan("sm90", M, N, K, has_gemm=True, folded=False) == gemv, (M, N, K)
+    for M, N, K in ((4, 640, 4096), (4, 1536, 2048), (3, 768, 4096), (3, 2048, 4096), (4, 1025, 1024)):
+        assert plan("sm90", M, N, K, has_gemm=True, folded=False)["path"] == "decode_mma", (M, N, K)
     # one-token functional calls from K 2048 below 2^24 weights (no rstd_scale launch, no ring: H100 s49 D4096
     # N1024 7.11 us against the split stream kernel's 9.36, 2048^2 6.82 against decode_mma's 7.78); module calls
     # of those shapes beyond the module entries keep the stream kernel
@@ -462,8 +475,8 @@ def test_stream_auto_rows(monkeypatch):
     assert plan("sm90", 1, 4096, 4096, has_gemm=True, folded=False, sms=132)["wload"] == 1
     assert plan("sm90", 8, 4096, 14336, has_gemm=True, folded=False, sms=132)["rows"] == 40
     # and at N 1024, where the K split makes the stream kernel 20-25% faster than decode_mma (H200 session 43)
-    # (1-2 tokens: the CUDA-core GEMV since sessions 49 / 50)
-    for M, K in ((3, 4096), (16, 4096), (16, 8192)):
+    # (1-4 tokens up to K 8192: the CUDA-core GEMV since sessions 49 / 50 / 51)
+    for M, K in ((5, 4096), (16, 4096), (16, 8192), (4, 16384)):
         p = plan("sm90", M, 1024, K, has_gemm=True, folded=False, sms=132)
         assert (p["path"], p["rows"], p["split"]) == ("stream", 40, 4), (M, K)
     assert plan("sm90", 3, 2048, 2048, has_gemm=True, folded=False, sms=132)["path"] == "decode_mma"
@@ -483,7 +496,8 @@ def test_stream_auto_rows(monkeypatch):
     # functional calls at N 512..640: the split stream kernel from K 7168 (H100 session 45, D8192 N512 M1 9.73 us
     # against decode_mma's 12.08), decode_mma at K 6144 (7.66 against 8.94) and N 768 (D8192: 9.49 against 10.59)
     # (1-2 tokens up to K 8192 and 2^23 weights: the CUDA-core GEMV since session 50)
-    for M, N, K in ((3, 512, 8192), (16, 640, 16384)):
+    # (3-4 tokens at N 512..640 from K 7168 up to K 8192: the CUDA-core GEMV since session 51)
+    for M, N, K in ((3, 512, 16384), (16, 640, 16384), (5, 512, 8192)):
         assert plan("sm90", M, N, K, has_gemm=True, folded=False, sms=132)["path"] == "stream", (M, N, K)
     for M, N, K in ((8, 512, 4096), (3, 512, 6144), (3, 768, 8192), (2, 1000, 16384)):
         assert plan("sm90", M, N, K, has_gemm=True, folded=False, sms=132)["path"] == "decode_mma", (M, N, K)
@@ -968,10 +982,12 @@ def test_gpu_stream_rejects_bad_args():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("M,D,N", [(1, 2056, 300), (2, 4104, 383), (1, 1032, 128), (2, 16376, 130), (3, 2056, 200),
                                    (4, 4088, 256), (3, 1032, 128), (4, 2056, 251), (1, 1032, 1000), (2, 4104, 1531),
-                                   (1, 8184, 1021), (3, 2056, 450), (4, 4088, 509)])  # fmt: skip
+                                   (1, 8184, 767), (3, 2056, 450), (4, 4088, 509), (3, 1016, 1000),
+                                   (4, 1016, 777)])  # fmt: skip
 def test_gpu_decode_small_n_via_table(M, D, N, dtype):
     """Where the shipped table picks the CUDA-core GEMV (sm90 since session 49: <= 4 tokens, small N; session 50
-    up to N 2048 at 1-2 tokens; its one-wave rule picks split 2 or 4 at the last five cases, 8 before): module
+    up to N 2048 at 1-2 tokens, its one-wave rule picking split 2 or 4 at N 450-1531, 8 below; session 51 3-4 tokens
+    up to N 1024 at K <= 1024, the last two cases): module
     (folded W' cached, the kernel reads W and g) and functional calls, K off a 256-wide step, N odd, x rows padded
     and 100x apart in scale, bias, a NaN-poisoned allocator and a CUDA-graph replay."""
     from fused_rmsnorm.ops import rmsnorm_linear as op
