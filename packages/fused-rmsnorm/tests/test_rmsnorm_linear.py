@@ -987,9 +987,9 @@ def test_gpu_stream_rejects_bad_args():
 def test_gpu_decode_small_n_via_table(M, D, N, dtype):
     """Where the shipped table picks the CUDA-core GEMV (sm90 since session 49: <= 4 tokens, small N; session 50
     up to N 2048 at 1-2 tokens, its one-wave rule picking split 2 or 4 at N 450-1531, 8 below; session 51 3-4 tokens
-    up to N 1024 at K <= 1024, the last two cases): module
-    (folded W' cached, the kernel reads W and g) and functional calls, K off a 256-wide step, N odd, x rows padded
-    and 100x apart in scale, bias, a NaN-poisoned allocator and a CUDA-graph replay."""
+    up to N 1024 at K <= 1024, the last two cases): module (folded W' cached, the kernel reads W and g) and
+    functional calls, K off a 256-wide step, N odd, x rows padded and 100x apart in scale, bias, a NaN-poisoned
+    allocator and a CUDA-graph replay."""
     from fused_rmsnorm.ops import rmsnorm_linear as op
 
     dev = torch.device("cuda")
