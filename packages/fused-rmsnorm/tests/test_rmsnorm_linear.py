@@ -753,6 +753,32 @@ def test_gpu_decode_mma_every_split(M, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 6, 17])
+def test_gpu_decode_gemv_every_split(M, dtype):
+    """The CUDA-core GEMV's every K split (0 = its one-wave rule) and both instantiations (occ 1: registers capped
+    for 4 / 3 blocks per SM at <= 2 / 3-4 rows; ignored beyond 4), raw binding, a grid cap that forces a grid-stride
+    loop, output poisoned with NaN, ragged N, x and y row strides, K not a multiple of 256."""
+    m = _ext_or_skip()
+    D, N = 1032, 203
+    x, g, w, b = _gpu_case(M, D, N, dtype, bias=True, seed=11 * M)
+    xs = torch.cat([x, x[:, :24]], dim=1)[:, :D]
+    ref = _ref32(x, g, w, b, 1e-6).double()
+    dt = 0 if dtype == torch.float16 else 1
+    stream = torch.cuda.current_stream().cuda_stream
+    for occ in (0, 1):
+        for ks in (0, 1, 2, 4, 8):
+            for grid in (0, 3):
+                yb = _poisoned(M, N + 5, dtype)
+                m.decode(dt, xs.data_ptr(), xs.stride(0), g.data_ptr(), w.data_ptr(), D, b.data_ptr(), yb.data_ptr(),
+                         N + 5, M, N, D, 1e-6, ks, grid, stream, occ)  # fmt: skip
+                y = yb[:, :N]
+                assert torch.isfinite(y).all(), (occ, ks, grid)
+                assert rel_err(y, ref) <= 1e-2, (occ, ks, grid)
+                assert torch.isnan(yb[:, N:]).all()  # nothing written past N
+
+
+@pytest.mark.gpu
 def test_gpu_decode_mma_rejects_bad_split():
     m = _ext_or_skip()
     x, g, w, _ = _gpu_case(2, 256, 64, torch.bfloat16)

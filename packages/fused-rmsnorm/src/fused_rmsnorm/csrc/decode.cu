@@ -18,8 +18,11 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kUnroll = 4;  // independent 16-byte W loads in flight per lane
 
-template <typename T, int R>
-__global__ void __launch_bounds__(kThreads)
+// MINB 0: no occupancy hint (the default kernel; an explicit 1 changes ptxas's allocation, R 2 80 -> 92 registers).
+// MINB > 1: registers capped so MINB blocks fit per SM (the "occ" knob: more W in flight and a finer one-wave K
+// split; R <= 2 fits 64 registers without spills at MINB 4, R 4 fits 80 with a 16-byte spill at MINB 3).
+template <typename T, int R, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB)
     decode_kernel(const T* __restrict__ x, int64_t ldx, const T* __restrict__ g, const T* __restrict__ w,
                   int64_t ldw, const T* __restrict__ bias, T* __restrict__ y, int64_t ldy, int64_t M, int64_t N,
                   int64_t K, float eps, int ksplit) {
@@ -145,13 +148,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename T, int R>
-int launch(const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw, const void* bias, void* y,
-           int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int ksplit, int grid_blocks, cudaStream_t s) {
-  // Resident capacity of this instantiation (register-limited: 2-3 blocks of 256 threads per SM).
+template <typename T, int R, int MINB>
+int launch_occ(const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw, const void* bias, void* y,
+               int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int ksplit, int grid_blocks, cudaStream_t s) {
+  // Resident capacity of this instantiation (register-limited: 2-4 blocks of 256 threads per SM).
   static const int occ = [] {
     int n = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<T, R>, kThreads, 0);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<T, R, MINB>, kThreads, 0);
     return n > 0 ? n : 1;
   }();
   const int64_t chunks = (M + R - 1) / R;
@@ -172,32 +175,45 @@ int launch(const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw
   const int64_t steps = (needed + cap - 1) / cap;
   const int64_t grid_x = (needed + steps - 1) / steps;
   const dim3 grid{unsigned(grid_x), unsigned(chunks), 1u}, block{unsigned(kThreads), 1u, 1u};
-  decode_kernel<T, R><<<grid, block, 0, s>>>(static_cast<const T*>(x), ldx, static_cast<const T*>(g),
-                                             static_cast<const T*>(w), ldw, static_cast<const T*>(bias),
-                                             static_cast<T*>(y), ldy, M, N, K, eps, ksplit);
+  decode_kernel<T, R, MINB><<<grid, block, 0, s>>>(static_cast<const T*>(x), ldx, static_cast<const T*>(g),
+                                                   static_cast<const T*>(w), ldw, static_cast<const T*>(bias),
+                                                   static_cast<T*>(y), ldy, M, N, K, eps, ksplit);
   return 0;
+}
+
+template <typename T, int R>
+int launch(const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw, const void* bias, void* y,
+           int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int ksplit, int grid_blocks, int occ,
+           cudaStream_t s) {
+  if constexpr (R <= 4) {
+    constexpr int kMinBlocks = R <= 2 ? 4 : 3;
+    if (occ > 0)
+      return launch_occ<T, R, kMinBlocks>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_blocks, s);
+  }
+  return launch_occ<T, R, 0>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_blocks, s);
 }
 
 template <typename T>
 int launch_rows(const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw, const void* bias, void* y,
-                 int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int ksplit, int grid_x, cudaStream_t s) {
+                 int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int ksplit, int grid_x, int occ,
+                 cudaStream_t s) {
   // Rows per chunk: the smallest of 1/2/4/8/16 that covers M (16-row chunks beyond that).
   if (M <= 1)
-    return launch<T, 1>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
+    return launch<T, 1>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, occ, s);
   else if (M <= 2)
-    return launch<T, 2>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
+    return launch<T, 2>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, occ, s);
   else if (M <= 4)
-    return launch<T, 4>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
+    return launch<T, 4>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, occ, s);
   else if (M <= 8)
-    return launch<T, 8>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
+    return launch<T, 8>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, occ, s);
   else  // 16-row chunks: W is streamed ceil(M / 16) times (a 14336x4096 W does not fit in L2)
-    return launch<T, 16>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
+    return launch<T, 16>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, occ, s);
 }
 }  // namespace
 
 extern "C" int frms_decode(int dtype, const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw,
                            const void* bias, void* y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps,
-                           int ksplit, int grid_blocks, void* stream) {
+                           int ksplit, int grid_blocks, int occ, void* stream) {
   if (M <= 0 || N <= 0) return 0;
   if (K <= 0 || K % frms::kVec || ldx % frms::kVec || ldw % frms::kVec) return FRMS_ERR_BAD_ARG;
   if (!frms::aligned16(x) || !frms::aligned16(g) || !frms::aligned16(w)) return FRMS_ERR_BAD_ARG;
@@ -205,8 +221,8 @@ extern "C" int frms_decode(int dtype, const void* x, int64_t ldx, const void* g,
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   int st = FRMS_ERR_BAD_ARG;
   if (dtype == FRMS_DTYPE_F16)
-    st = launch_rows<__half>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_blocks, s);
+    st = launch_rows<__half>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_blocks, occ, s);
   else if (dtype == FRMS_DTYPE_BF16)
-    st = launch_rows<__nv_bfloat16>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_blocks, s);
+    st = launch_rows<__nv_bfloat16>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_blocks, occ, s);
   return st != 0 ? st : int(cudaGetLastError());
 }
