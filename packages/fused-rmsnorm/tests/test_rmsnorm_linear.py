@@ -695,6 +695,23 @@ def _poisoned(M, N, dtype):
     return torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
 
 
+def _raw_case(M, D, N, dtype, seed):
+    """Inputs for a raw-binding call: x with a padded row stride (D + 24), g, w, bias, the float64 reference of the
+    unpadded x, the binding's dtype code and the current stream."""
+    x, g, w, b = _gpu_case(M, D, N, dtype, bias=True, seed=seed)
+    xs = torch.cat([x, x[:, :24]], dim=1)[:, :D]
+    ref = _ref32(x, g, w, b, 1e-6).double()
+    return xs, g, w, b, ref, (0 if dtype == torch.float16 else 1), torch.cuda.current_stream().cuda_stream
+
+
+def _check_raw(yb, N, ref, key):
+    """A raw call's output (row stride N + 5, NaN-poisoned): finite and within 1e-2 of ref, nothing past N."""
+    y = yb[:, :N]
+    assert torch.isfinite(y).all(), key
+    assert rel_err(y, ref) <= 1e-2, key
+    assert torch.isnan(yb[:, N:]).all(), key  # nothing written past N
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("D", [4096, 5120])
@@ -734,11 +751,7 @@ def test_gpu_decode_mma_every_split(M, dtype):
     ragged N, x and y row strides. ksplit > 1 (thread-block clusters) only on sm_90."""
     m = _ext_or_skip()
     D, N = 1032, 203
-    x, g, w, b = _gpu_case(M, D, N, dtype, bias=True, seed=7 * M)
-    xs = torch.cat([x, x[:, :24]], dim=1)[:, :D]
-    ref = _ref32(x, g, w, b, 1e-6).double()
-    dt = 0 if dtype == torch.float16 else 1
-    stream = torch.cuda.current_stream().cuda_stream
+    xs, g, w, b, ref, dt, stream = _raw_case(M, D, N, dtype, seed=7 * M)
     splits = [0, 1, 2, 4, 8, 16] if torch.cuda.get_device_capability()[0] >= 9 else [0, 1]
     for wn in (0, 1, 2, 4, 8):
         for ks in splits:
@@ -746,10 +759,7 @@ def test_gpu_decode_mma_every_split(M, dtype):
                 yb = _poisoned(M, N + 5, dtype)
                 m.decode_mma(dt, xs.data_ptr(), xs.stride(0), gptr, wt.data_ptr(), D, b.data_ptr(), yb.data_ptr(),
                              N + 5, M, N, D, 1e-6, wn, ks, stream)  # fmt: skip
-                y = yb[:, :N]
-                assert torch.isfinite(y).all(), (wn, ks, gptr != 0)
-                assert rel_err(y, ref) <= 1e-2, (wn, ks, gptr != 0)
-                assert torch.isnan(yb[:, N:]).all()  # nothing written past N
+                _check_raw(yb, N, ref, (wn, ks, gptr != 0))
 
 
 @pytest.mark.gpu
@@ -761,21 +771,14 @@ def test_gpu_decode_gemv_every_split(M, dtype):
     loop, output poisoned with NaN, ragged N, x and y row strides, K not a multiple of 256."""
     m = _ext_or_skip()
     D, N = 1032, 203
-    x, g, w, b = _gpu_case(M, D, N, dtype, bias=True, seed=11 * M)
-    xs = torch.cat([x, x[:, :24]], dim=1)[:, :D]
-    ref = _ref32(x, g, w, b, 1e-6).double()
-    dt = 0 if dtype == torch.float16 else 1
-    stream = torch.cuda.current_stream().cuda_stream
+    xs, g, w, b, ref, dt, stream = _raw_case(M, D, N, dtype, seed=11 * M)
     for occ in (0, 1):
         for ks in (0, 1, 2, 4, 8):
             for grid in (0, 3):
                 yb = _poisoned(M, N + 5, dtype)
                 m.decode(dt, xs.data_ptr(), xs.stride(0), g.data_ptr(), w.data_ptr(), D, b.data_ptr(), yb.data_ptr(),
                          N + 5, M, N, D, 1e-6, ks, grid, stream, occ)  # fmt: skip
-                y = yb[:, :N]
-                assert torch.isfinite(y).all(), (occ, ks, grid)
-                assert rel_err(y, ref) <= 1e-2, (occ, ks, grid)
-                assert torch.isnan(yb[:, N:]).all()  # nothing written past N
+                _check_raw(yb, N, ref, (occ, ks, grid))
 
 
 @pytest.mark.gpu
@@ -806,11 +809,7 @@ def test_gpu_decode_mma_variants(M, D, dtype):
     so the 8-deep ring turns several times)."""
     m = _ext_or_skip()
     N = 203
-    x, g, w, b = _gpu_case(M, D, N, dtype, bias=True, seed=11 * M + D)
-    xs = torch.cat([x, x[:, :24]], dim=1)[:, :D]
-    ref = _ref32(x, g, w, b, 1e-6).double()
-    dt = 0 if dtype == torch.float16 else 1
-    stream = torch.cuda.current_stream().cuda_stream
+    xs, g, w, b, ref, dt, stream = _raw_case(M, D, N, dtype, seed=11 * M + D)
     ks_list = [1, 4] if torch.cuda.get_device_capability()[0] >= 9 else [1]
     light = (dtype == torch.float16 or M > 8) and getattr(m, "mma_variants_light", lambda: False)()
     for steps, pol in MMA_VARIANTS:
@@ -821,11 +820,7 @@ def test_gpu_decode_mma_variants(M, D, dtype):
                 yb = _poisoned(M, N + 5, dtype)
                 m.decode_mma(dt, xs.data_ptr(), xs.stride(0), gptr, wt.data_ptr(), D, b.data_ptr(), yb.data_ptr(),
                              N + 5, M, N, D, 1e-6, wn, ks, stream, steps, pol)  # fmt: skip
-                y = yb[:, :N]
-                key = (steps, pol, wn, ks, gptr != 0)
-                assert torch.isfinite(y).all(), key
-                assert rel_err(y, ref) <= 1e-2, key
-                assert torch.isnan(yb[:, N:]).all(), key
+                _check_raw(yb, N, ref, (steps, pol, wn, ks, gptr != 0))
 
 
 @pytest.mark.gpu
