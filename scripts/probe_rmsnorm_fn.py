@@ -9,8 +9,7 @@ functional call with the table's choice ("fn", decode_mma for most rows), and th
 the module entry's stream config ("fn stream", where the module entry is a stream one), after a check of every
 output against the fp32 reference (rows far apart in scale). Prints a table last. PROBE_FN_DECODE=1 (session 49)
 also times the functional call forced onto the CUDA-core GEMV ("fn decode") and onto decode_mma ("fn decode_mma");
-PROBE_FN_DECODE_SPLITS="8,4,2,1" (session 50) adds the GEMV with each K split forced ("fn decode k8", ...);
-PROBE_FN_DECODE_OCC=1 (session 52) its register-capped instantiation ("fn decode o": 4 blocks per SM at 1-2 rows).
+PROBE_FN_DECODE_SPLITS="8,4,2,1" (session 50) adds the GEMV with each K split forced ("fn decode k8", ...).
 """
 
 from __future__ import annotations
@@ -80,8 +79,6 @@ def measure(M: int, D: int, N: int, dev) -> dict:
         for s in os.environ.get("PROBE_FN_DECODE_SPLITS", "").split(","):  # session 50, e.g. "8,4,2,1"
             if s:
                 forced[f"fn decode k{s}"] = {"path": "decode", "ksplit": int(s), "grid_blocks": 0}
-        if os.environ.get("PROBE_FN_DECODE_OCC"):  # session 52: the GEMV's register-capped instantiation
-            forced["fn decode o"] = {"path": "decode", "ksplit": 0, "grid_blocks": 0, "occ": 1}
         for name, cfg in forced.items():
             fns[name] = [
                 _forced(cfg, lambda m=m: fused_rmsnorm_linear(x, m.norm_weight, m.weight, eps=EPS)) for m in mods

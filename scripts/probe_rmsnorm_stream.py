@@ -58,9 +58,6 @@ EXTRA["decode_mma"] = {"path": "decode_mma", "wn": 0, "ksplit": 0}
 EXTRA["decode"] = {"path": "decode", "ksplit": 0, "grid_blocks": 0}
 # session 50: the GEMV with its K split forced ("decode k8": 8 warps on one W row), against its one-wave rule
 EXTRA.update({f"decode k{s}": {"path": "decode", "ksplit": s, "grid_blocks": 0} for s in (1, 2, 4, 8)})
-# session 52: the GEMV's register-capped instantiation ("occ": 4 blocks per SM at 1-2 rows, 3 at 3-4)
-EXTRA["decode o"] = {"path": "decode", "ksplit": 0, "grid_blocks": 0, "occ": 1}
-EXTRA.update({f"decode o k{s}": {"path": "decode", "ksplit": s, "grid_blocks": 0, "occ": 1} for s in (1, 2, 4, 8)})
 # session 43: rows "auto" resolved with only these K splits ("auto s1": session 41's rule), per shape
 EXTRA.update({f"auto s{s}": {"auto_splits": (s,)} for s in (1, 2, 4, 8)})
 EXTRA["stream auto"] = {"auto_splits": op.STREAM_SPLITS}  # session 50: rows "auto" as the catch-all entry runs it

@@ -766,19 +766,19 @@ def test_gpu_decode_mma_every_split(M, dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("M", [1, 2, 3, 4, 6, 17])
 def test_gpu_decode_gemv_every_split(M, dtype):
-    """The CUDA-core GEMV's every K split (0 = its one-wave rule) and both instantiations (occ 1: registers capped
-    for 4 / 3 blocks per SM at <= 2 / 3-4 rows; ignored beyond 4), raw binding, a grid cap that forces a grid-stride
-    loop, output poisoned with NaN, ragged N, x and y row strides, K not a multiple of 256."""
+    """The CUDA-core GEMV's every K split (0 = its one-wave rule under the K-slice cap: split 1 at K 520, 2 at 1032
+    for one token, 4 for more), raw binding, a grid cap that forces a grid-stride loop, output poisoned with NaN,
+    ragged N, x and y row strides, K not a multiple of 256."""
     m = _ext_or_skip()
-    D, N = 1032, 203
-    xs, g, w, b, ref, dt, stream = _raw_case(M, D, N, dtype, seed=11 * M)
-    for occ in (0, 1):
+    N = 203
+    for D in (520, 1032):
+        xs, g, w, b, ref, dt, stream = _raw_case(M, D, N, dtype, seed=11 * M + D)
         for ks in (0, 1, 2, 4, 8):
             for grid in (0, 3):
                 yb = _poisoned(M, N + 5, dtype)
                 m.decode(dt, xs.data_ptr(), xs.stride(0), g.data_ptr(), w.data_ptr(), D, b.data_ptr(), yb.data_ptr(),
-                         N + 5, M, N, D, 1e-6, ks, grid, stream, occ)  # fmt: skip
-                _check_raw(yb, N, ref, (occ, ks, grid))
+                         N + 5, M, N, D, 1e-6, ks, grid, stream)  # fmt: skip
+                _check_raw(yb, N, ref, (D, ks, grid))
 
 
 @pytest.mark.gpu

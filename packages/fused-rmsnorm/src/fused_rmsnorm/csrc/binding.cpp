@@ -96,14 +96,14 @@ PYBIND11_MODULE(_C, m) {
       "decode",
       [](int dtype, std::uintptr_t x, int64_t ldx, std::uintptr_t g, std::uintptr_t w, int64_t ldw,
          std::uintptr_t bias, std::uintptr_t y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int ksplit,
-         int grid_blocks, std::uintptr_t stream, int occ) {
+         int grid_blocks, std::uintptr_t stream) {
         check(frms_decode(dtype, cptr(x), ldx, cptr(g), cptr(w), ldw, bias ? cptr(bias) : nullptr, mptr(y), ldy, M,
-                          N, K, eps, ksplit, grid_blocks, occ, mptr(stream)),
+                          N, K, eps, ksplit, grid_blocks, mptr(stream)),
               "decode");
       },
       py::arg("dtype"), py::arg("x"), py::arg("ldx"), py::arg("g"), py::arg("w"), py::arg("ldw"), py::arg("bias"),
       py::arg("y"), py::arg("ldy"), py::arg("M"), py::arg("N"), py::arg("K"), py::arg("eps"), py::arg("ksplit"),
-      py::arg("grid_blocks"), py::arg("stream"), py::arg("occ") = 0);
+      py::arg("grid_blocks"), py::arg("stream"));
 
   m.def(
       "decode_mma",

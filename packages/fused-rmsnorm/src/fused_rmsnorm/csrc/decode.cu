@@ -4,8 +4,8 @@
 // * a block of 8 warps computes sum(x^2) for its R rows (warp reduction with __shfl_xor_sync, then
 //   across warps through shared memory), without a barrier before the W stream starts;
 // * each warp then streams whole rows of W (or a 1/ksplit slice of K, the finest split that still
-//   covers N in one wave of blocks) with 16-byte loads, multiplies by g and by every x row on the
-//   fly and accumulates in fp32;
+//   covers N in one wave of blocks, but no finer than one pass of loads per slice) with 16-byte loads,
+//   multiplies by g and by every x row on the fly and accumulates in fp32;
 // * blocks loop over N (grid-stride), so the per-block rstd prologue is amortised over many W rows;
 // * rows beyond R (<= 16) are processed by further row chunks (gridDim.y), reading W again.
 // x and g are tiny and re-read by every warp: they go through the read-only/L1 path; W is loaded
@@ -18,11 +18,8 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kUnroll = 4;  // independent 16-byte W loads in flight per lane
 
-// MINB 0: no occupancy hint (the default kernel; an explicit 1 changes ptxas's allocation, R 2 80 -> 92 registers).
-// MINB > 1: registers capped so MINB blocks fit per SM (the "occ" knob: more W in flight and a finer one-wave K
-// split; R <= 2 fits 64 registers without spills at MINB 4, R 4 fits 80 with a 16-byte spill at MINB 3).
-template <typename T, int R, int MINB>
-__global__ void __launch_bounds__(kThreads, MINB)
+template <typename T, int R>
+__global__ void __launch_bounds__(kThreads)
     decode_kernel(const T* __restrict__ x, int64_t ldx, const T* __restrict__ g, const T* __restrict__ w,
                   int64_t ldw, const T* __restrict__ bias, T* __restrict__ y, int64_t ldy, int64_t M, int64_t N,
                   int64_t K, float eps, int ksplit) {
@@ -148,13 +145,13 @@ __global__ void __launch_bounds__(kThreads, MINB)
   }
 }
 
-template <typename T, int R, int MINB>
-int launch_occ(const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw, const void* bias, void* y,
-               int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int ksplit, int grid_blocks, cudaStream_t s) {
-  // Resident capacity of this instantiation (register-limited: 2-4 blocks of 256 threads per SM).
+template <typename T, int R>
+int launch(const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw, const void* bias, void* y,
+           int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int ksplit, int grid_blocks, cudaStream_t s) {
+  // Resident capacity of this instantiation (register-limited: 2-3 blocks of 256 threads per SM).
   static const int occ = [] {
     int n = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<T, R, MINB>, kThreads, 0);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<T, R>, kThreads, 0);
     return n > 0 ? n : 1;
   }();
   const int64_t chunks = (M + R - 1) / R;
@@ -166,6 +163,16 @@ int launch_occ(const void* x, int64_t ldx, const void* g, const void* w, int64_t
     // D2048 N512 split 8 in two steps 4.82 us, split 4 in one 3.85; D4096 N1024 split 4 7.18, split 2 6.27).
     ksplit = kWarps;
     while (ksplit > 1 && (N + kWarps / ksplit - 1) / (kWarps / ksplit) > resident) ksplit /= 2;
+    // Nor finer than it takes to bring each warp's K slice down to one pass of its lanes' loads (32 x kUnroll x 8
+    // elements; half that from 2 rows, whose FMAs per element double): a finer split shortens no lane's chain of
+    // loads and adds the cross-warp sum. H100 s53: M1 D1024 N384 split 8 3.46 -> 1 2.84 us, D3072 N384 8 4.03 ->
+    // 4 3.83, M4 D1024 N256 8 3.59 -> 2 3.10; none of 37 shapes slower by more than 0.02. Measured to 4 rows only.
+    if (R <= 4) {
+      const int64_t pass = (R == 1 ? 32 : 16) * kUnroll * frms::kVec;
+      int cap = 1;
+      while (cap < kWarps && cap * pass < K) cap *= 2;
+      ksplit = min(ksplit, cap);
+    }
   }
   if (ksplit != 1 && ksplit != 2 && ksplit != 4 && ksplit != 8) return FRMS_ERR_BAD_ARG;
   const int nb = kWarps / ksplit;
@@ -175,45 +182,32 @@ int launch_occ(const void* x, int64_t ldx, const void* g, const void* w, int64_t
   const int64_t steps = (needed + cap - 1) / cap;
   const int64_t grid_x = (needed + steps - 1) / steps;
   const dim3 grid{unsigned(grid_x), unsigned(chunks), 1u}, block{unsigned(kThreads), 1u, 1u};
-  decode_kernel<T, R, MINB><<<grid, block, 0, s>>>(static_cast<const T*>(x), ldx, static_cast<const T*>(g),
-                                                   static_cast<const T*>(w), ldw, static_cast<const T*>(bias),
-                                                   static_cast<T*>(y), ldy, M, N, K, eps, ksplit);
+  decode_kernel<T, R><<<grid, block, 0, s>>>(static_cast<const T*>(x), ldx, static_cast<const T*>(g),
+                                             static_cast<const T*>(w), ldw, static_cast<const T*>(bias),
+                                             static_cast<T*>(y), ldy, M, N, K, eps, ksplit);
   return 0;
-}
-
-template <typename T, int R>
-int launch(const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw, const void* bias, void* y,
-           int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int ksplit, int grid_blocks, int occ,
-           cudaStream_t s) {
-  if constexpr (R <= 4) {
-    constexpr int kMinBlocks = R <= 2 ? 4 : 3;
-    if (occ > 0)
-      return launch_occ<T, R, kMinBlocks>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_blocks, s);
-  }
-  return launch_occ<T, R, 0>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_blocks, s);
 }
 
 template <typename T>
 int launch_rows(const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw, const void* bias, void* y,
-                 int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int ksplit, int grid_x, int occ,
-                 cudaStream_t s) {
+                 int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int ksplit, int grid_x, cudaStream_t s) {
   // Rows per chunk: the smallest of 1/2/4/8/16 that covers M (16-row chunks beyond that).
   if (M <= 1)
-    return launch<T, 1>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, occ, s);
+    return launch<T, 1>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
   else if (M <= 2)
-    return launch<T, 2>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, occ, s);
+    return launch<T, 2>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
   else if (M <= 4)
-    return launch<T, 4>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, occ, s);
+    return launch<T, 4>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
   else if (M <= 8)
-    return launch<T, 8>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, occ, s);
+    return launch<T, 8>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
   else  // 16-row chunks: W is streamed ceil(M / 16) times (a 14336x4096 W does not fit in L2)
-    return launch<T, 16>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, occ, s);
+    return launch<T, 16>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_x, s);
 }
 }  // namespace
 
 extern "C" int frms_decode(int dtype, const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw,
                            const void* bias, void* y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps,
-                           int ksplit, int grid_blocks, int occ, void* stream) {
+                           int ksplit, int grid_blocks, void* stream) {
   if (M <= 0 || N <= 0) return 0;
   if (K <= 0 || K % frms::kVec || ldx % frms::kVec || ldw % frms::kVec) return FRMS_ERR_BAD_ARG;
   if (!frms::aligned16(x) || !frms::aligned16(g) || !frms::aligned16(w)) return FRMS_ERR_BAD_ARG;
@@ -221,8 +215,8 @@ extern "C" int frms_decode(int dtype, const void* x, int64_t ldx, const void* g,
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   int st = FRMS_ERR_BAD_ARG;
   if (dtype == FRMS_DTYPE_F16)
-    st = launch_rows<__half>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_blocks, occ, s);
+    st = launch_rows<__half>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_blocks, s);
   else if (dtype == FRMS_DTYPE_BF16)
-    st = launch_rows<__nv_bfloat16>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_blocks, occ, s);
+    st = launch_rows<__nv_bfloat16>(x, ldx, g, w, ldw, bias, y, ldy, M, N, K, eps, ksplit, grid_blocks, s);
   return st != 0 ? st : int(cudaGetLastError());
 }

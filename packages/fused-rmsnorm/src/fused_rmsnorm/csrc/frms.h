@@ -54,11 +54,10 @@ extern "C" {
 
 // y[m, n] = rstd[m] * sum_k x[m, k] * g[k] * w[n, k] (+ bias[n]); rstd from x itself.
 // Small-M path: W is streamed once per row chunk. Requires K % 8 == 0 and 16-byte aligned rows.
-// ksplit: warps per W row (0 = auto); grid_blocks: grid cap (0 = one wave); occ > 0: the register-capped
-// instantiation for <= 4 rows (4 blocks per SM at 1-2 rows, 3 at 3-4).
+// ksplit: warps per W row (0 = auto); grid_blocks: grid cap (0 = one wave).
 int frms_decode(int dtype, const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw, const void* bias,
                 void* y, int64_t ldy, int64_t M, int64_t N, int64_t K, float eps, int ksplit, int grid_blocks,
-                int occ, void* stream);
+                void* stream);
 
 // Same op on tensor cores (sm_80+, decode_mma.cu): W rows are the MMA's M, tokens its N.
 // g == nullptr: w is already W' = W * diag(g). wn: warps along N per CTA (0 = auto; 1/2/4/8 -> 16..128

@@ -530,7 +530,7 @@ def _launch_ext(x, w_norm, w_lin, bias, eps, w_folded=None):
         mod.decode(
             dt, x2.data_ptr(), _ld(x2), g.data_ptr(), w2.data_ptr(), _ld(w2), bptr,
             out.data_ptr(), out.stride(0), M, N, D, float(eps), int(p.get("ksplit", 0)),
-            int(p.get("grid_blocks", 0)), stream, int(p.get("occ", 0)),
+            int(p.get("grid_blocks", 0)), stream,
         )  # fmt: skip
         return out.reshape(*lead, N)
     a, wf, scaled = _gemm_operands(x2, w_norm, w_lin, w_folded)
