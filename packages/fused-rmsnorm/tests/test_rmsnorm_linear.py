@@ -766,9 +766,9 @@ def test_gpu_decode_mma_every_split(M, dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("M", [1, 2, 3, 4, 6, 17])
 def test_gpu_decode_gemv_every_split(M, dtype):
-    """The CUDA-core GEMV's every K split (0 = its one-wave rule under the K-slice cap: split 1 at K 520, 2 at 1032
-    for one token, 4 for more), raw binding, a grid cap that forces a grid-stride loop, output poisoned with NaN,
-    ragged N, x and y row strides, K not a multiple of 256."""
+    """The CUDA-core GEMV's every K split (0 = its one-wave rule, under the K-slice cap up to 4 rows: split 1 at K
+    520, 2 at 1032), raw binding, a grid cap that forces a grid-stride loop, output poisoned with NaN, ragged N, x
+    and y row strides, K not a multiple of 256."""
     m = _ext_or_skip()
     N = 203
     for D in (520, 1032):

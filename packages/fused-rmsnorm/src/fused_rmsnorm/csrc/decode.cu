@@ -4,7 +4,7 @@
 // * a block of 8 warps computes sum(x^2) for its R rows (warp reduction with __shfl_xor_sync, then
 //   across warps through shared memory), without a barrier before the W stream starts;
 // * each warp then streams whole rows of W (or a 1/ksplit slice of K, the finest split that still
-//   covers N in one wave of blocks, but no finer than one pass of loads per slice) with 16-byte loads,
+//   covers N in one wave of blocks, no finer than half a pass of loads per slice) with 16-byte loads,
 //   multiplies by g and by every x row on the fly and accumulates in fp32;
 // * blocks loop over N (grid-stride), so the per-block rstd prologue is amortised over many W rows;
 // * rows beyond R (<= 16) are processed by further row chunks (gridDim.y), reading W again.
@@ -163,15 +163,17 @@ int launch(const void* x, int64_t ldx, const void* g, const void* w, int64_t ldw
     // D2048 N512 split 8 in two steps 4.82 us, split 4 in one 3.85; D4096 N1024 split 4 7.18, split 2 6.27).
     ksplit = kWarps;
     while (ksplit > 1 && (N + kWarps / ksplit - 1) / (kWarps / ksplit) > resident) ksplit /= 2;
-    // Nor finer than it takes to bring each warp's K slice down to one pass of its lanes' loads (32 x kUnroll x 8
-    // elements; half that from 2 rows, whose FMAs per element double): a finer split shortens no lane's chain of
-    // loads and adds the cross-warp sum. H100 s53: M1 D1024 N384 split 8 3.46 -> 1 2.84 us, D3072 N384 8 4.03 ->
-    // 4 3.83, M4 D1024 N256 8 3.59 -> 2 3.10; none of 37 shapes slower by more than 0.02. Measured to 4 rows only.
+    // Nor finer than half a pass of a lane's loads (32 lanes x kUnroll x 8 = 1024 elements) per warp slice: the
+    // split leaves each slice in (512, 1024] at one row, in [512, 1024) from two (their FMAs per element double, so
+    // at K 1024 x 2^j half a pass pays). A finer split shortens no lane's chain of loads and adds the cross-warp
+    // sum. H100 s53, forced splits, old rule -> this one, mean of runs: M1 D1024 N384 3.43 -> 2.83 us, D2560 N384
+    // 3.91 -> 3.68, M4 D1024 N256 3.59 -> 3.10, D3072 N256 4.39 -> 3.99; within 0.09 of the best split at all 46
+    // shapes timed. Measured to 4 rows only.
     if (R <= 4) {
-      const int64_t pass = (R == 1 ? 32 : 16) * kUnroll * frms::kVec;
-      int cap = 1;
-      while (cap < kWarps && cap * pass < K) cap *= 2;
-      ksplit = min(ksplit, cap);
+      const int64_t pass = 32 * kUnroll * frms::kVec;
+      int most = 1;
+      while (most < kWarps && (R == 1 ? most * pass < K : most * pass <= K)) most *= 2;
+      ksplit = min(ksplit, most);
     }
   }
   if (ksplit != 1 && ksplit != 2 && ksplit != 4 && ksplit != 8) return FRMS_ERR_BAD_ARG;
