@@ -50,6 +50,7 @@ def test_check_configured_arch_list(tmp_path):
     assert list(mod.compiled_archs()) == _build.resolve_arch_list(_build.default_arch_list())
     assert mod.has_sm90_gemm() and mod.has_sm80_gemm() and mod.has_decode_mma()
     assert mod.cuda_version() >= 12000
+    assert mod.source_hash() == _build.source_hash()  # what backend.aot_staleness compares
 
 
 def _pip_wheel(out: Path, **env_extra: str) -> Path:
@@ -130,6 +131,6 @@ def test_jit_cache_build_lock_and_reuse(tmp_path, monkeypatch):
     assert _build.jit_build([arch]) == path  # cached: no rebuild
     assert time.perf_counter() - t0 < 5 and path.stat().st_mtime_ns == mtime
     mod = _build.load_module(path, name="frms_test_jit._C")
-    assert list(mod.compiled_archs()) == [arch]
+    assert list(mod.compiled_archs()) == [arch] and mod.source_hash() == _build.source_hash()
     with pytest.raises(RuntimeError, match="gemm_sm90.*not compiled"):
         mod.gemm_sm90(0, 0, 0, 8, 0, 8, 0, 0, 0, 8, 8, 8, 8, False, 0)

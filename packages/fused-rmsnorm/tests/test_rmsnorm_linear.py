@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 
 import fused_rmsnorm
 import pytest
@@ -538,6 +539,52 @@ def test_backend_info_cpu():
         assert info["decode"] == "torch" and info["prefill"] == "torch" and info["reason"] == "no CUDA device"
 
 
+class _FakeAot:
+    """Stands in for fused_rmsnorm._C: an sm90 binary that says which sources it was built from."""
+
+    def __init__(self, source_hash):
+        self._hash = source_hash
+
+    def compiled_archs(self):
+        return ["9.0a"]
+
+    def source_hash(self):
+        return self._hash
+
+    def has_sm90_gemm(self):
+        return True
+
+    has_sm80_gemm = has_sm90_gemm
+
+    def cuda_version(self):
+        return 13000
+
+
+def test_aot_staleness_names_a_binary_from_other_sources(monkeypatch):
+    here = _build.source_hash()
+    assert len(here) == 64 and here == _build.source_hash()
+    assert backend.aot_staleness(_FakeAot(here)) is None
+    assert backend.aot_staleness(_FakeAot("")) is None  # unknown: not flagged
+    assert backend.aot_staleness(object()) is None  # a module from before source_hash existed
+    msg = backend.aot_staleness(_FakeAot("0" * 64))
+    assert "000000000000" in msg and here[:12] in msg and "--inplace" in msg
+
+    backend.reset()
+    monkeypatch.setitem(sys.modules, "fused_rmsnorm._C", _FakeAot("0" * 64))  # what import_module returns
+    with pytest.warns(RuntimeWarning, match="other sources.*using it anyway"):
+        ext = backend._try_aot((9, 0))
+    assert ext.kind == "aot" and "STALE" in ext.reason and ext.archs == ["9.0a"]
+    backend.reset()
+    monkeypatch.setitem(sys.modules, "fused_rmsnorm._C", _FakeAot(here))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a binary of the installed sources warns nothing
+        ext = backend._try_aot((9, 0))
+    assert ext.kind == "aot" and "STALE" not in ext.reason
+    info = fused_rmsnorm.backend_info()
+    assert info["aot"]["present"] and info["aot"]["source_hash"] == here and info["aot"]["stale"] is False
+    backend.reset()
+
+
 def test_arch_list_resolution(monkeypatch):
     monkeypatch.delenv("FUSED_RMSNORM_CUDA_ARCH_LIST", raising=False)
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
@@ -1052,6 +1099,8 @@ def test_gpu_reports_extension_backend():
     fused_rmsnorm_linear(x, g, w)
     info = fused_rmsnorm.backend_info()
     assert info["cuda"] and info["decode"] in ("aot", "jit"), info
+    if info["aot"]["present"]:
+        assert info["aot"]["stale"] is False, info  # a GPU run tests the binary of the sources it ships
 
 
 @pytest.mark.gpu

@@ -16,7 +16,7 @@ Translation units (each one nvcc process, run in parallel up to os.cpu_count()):
 * ``gemm_sm80.cu``: CUTLASS 2.x, compiled for sm_80 only when any 8.x arch is requested (the sm_80
   cubin runs on sm_86 / sm_89);
 * ``gemm_sm90.cu`` x 15 tile configs (one unit each): CUTLASS 3.x, ``sm_90a`` only (plain sm_90 builds stubs);
-* ``binding.cpp``: pybind11, told by macros which GEMMs exist.
+* ``binding.cpp``: pybind11, told by macros which GEMMs exist and the ``source_hash()`` of what it was built from.
 The CUTLASS units are skipped (prefill then uses the torch GEMM) when the CUTLASS headers are absent.
 
 Cost on 2 CPU cores (nvcc 13.0): the full default-arch build is ~5.3 CPU-minutes (each SM90 tile
@@ -250,6 +250,7 @@ def plan(archs: list[str], *, nvcc: str, light: bool = False, use_cutlass: bool 
                 f"-DFRMS_STREAM_WGMMA={int(wgmma)}",
                 *light_mma,
                 f'-DFRMS_ARCHS="{arch_str}"',
+                f'-DFRMS_SOURCE_HASH="{source_hash()}"',  # backend.py warns when the installed sources differ
                 "-Xcompiler=-fvisibility=hidden",
             ],
         )
@@ -328,6 +329,7 @@ def cache_root() -> Path:
 
 
 def source_hash() -> str:
+    """sha256 of csrc/ and this file: the JIT cache key's first part and the hash compiled into every module."""
     h = hashlib.sha256()
     for f in sorted(CSRC.iterdir()):
         if f.suffix in (".cu", ".cuh", ".cpp", ".h"):

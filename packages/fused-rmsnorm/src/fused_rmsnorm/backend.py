@@ -1,7 +1,8 @@
 """Which implementation serves CUDA tensors: AOT extension -> JIT extension -> pure PyTorch.
 
 * ``aot``: ``fused_rmsnorm._C`` built into the wheel (or by ``python -m fused_rmsnorm._build --inplace``),
-  used when its compiled arch list covers the device.
+  used when its compiled arch list covers the device; a warning names a binary built from other sources than
+  the installed ``csrc/`` (an in-place build older than an edit, a copied binary).
 * ``jit``: the same sources (shipped in ``fused_rmsnorm/csrc``) compiled with nvcc at first use
   for the current device into ``~/.cache/fused_rmsnorm/<key>/`` (key: sources, arch, CUDA
   version, Python ABI, CUTLASS location), under a file lock.
@@ -92,6 +93,22 @@ def covers(archs: list[str], cap: tuple[int, int]) -> bool:
     return bool(nums) and max(nums) < cap and major > max(nums)[0]
 
 
+def aot_staleness(mod: Any) -> str | None:
+    """Why ``mod`` was not built from the installed sources, or None: it was, or that is unknown (a module built
+    before it carried ``source_hash``, or an install without ``csrc/``)."""
+    built = getattr(mod, "source_hash", lambda: "")()
+    if not built or not _b().CSRC.is_dir():
+        return None
+    here = _b().source_hash()
+    if built == here:
+        return None
+    return (
+        f"the AOT extension was built from other sources than the installed csrc/ + _build.py (built {built[:12]}, "
+        f"installed {here[:12]}): rebuild it (python -m fused_rmsnorm._build --inplace) or set "
+        "FUSED_RMSNORM_BACKEND=jit to compile the installed sources"
+    )
+
+
 def _try_aot(cap: tuple[int, int]) -> Ext:
     try:
         mod = importlib.import_module("fused_rmsnorm._C")
@@ -100,7 +117,12 @@ def _try_aot(cap: tuple[int, int]) -> Ext:
     archs = list(mod.compiled_archs())
     if not covers(archs, cap):
         return Ext("torch", reason=f"AOT extension built for {';'.join(archs)} does not cover sm{cap[0]}{cap[1]}")
-    return Ext("aot", mod, "AOT extension in the installed package", archs)
+    stale = aot_staleness(mod)
+    if stale is None:
+        return Ext("aot", mod, "AOT extension in the installed package", archs)
+    # still used: it runs, and a silent JIT build (minutes) or the unfused torch path would surprise more
+    warn_once("stale-aot", f"fused_rmsnorm: {stale}; using it anyway")
+    return Ext("aot", mod, f"AOT extension in the installed package, STALE: {stale}", archs)
 
 
 def _try_jit(cap: tuple[int, int]) -> Ext:
@@ -195,6 +217,8 @@ def backend_info(resolve: bool = False) -> dict[str, Any]:
             "sm80_gemm": bool(mod.has_sm80_gemm()),
             "stream_wgmma": bool(getattr(mod, "has_stream_wgmma", lambda: False)()),
             "cuda_version": int(mod.cuda_version()),
+            "source_hash": getattr(mod, "source_hash", lambda: "")() or None,
+            "stale": aot_staleness(mod) is not None,
         }
     except ImportError as e:
         info["aot"] = {"present": False, "reason": str(e)}

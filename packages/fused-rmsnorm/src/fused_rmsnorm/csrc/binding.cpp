@@ -28,6 +28,9 @@
 #ifndef FRMS_ARCHS
 #define FRMS_ARCHS ""
 #endif
+#ifndef FRMS_SOURCE_HASH
+#define FRMS_SOURCE_HASH ""  // _build.source_hash() of the sources this binary came from
+#endif
 
 namespace py = pybind11;
 
@@ -275,6 +278,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("mma_variants_light", [] { return false; }, "decode_mma (steps, ldpolicy) variants built for bf16, M <= 8 only");
 #endif
   m.def("cuda_version", [] { return int(CUDART_VERSION); }, "CUDA runtime version the module was built with");
+  m.def("source_hash", [] { return std::string(FRMS_SOURCE_HASH); },
+        "sha256 of the csrc/ + _build.py it was built from");
   m.attr("DTYPE_F16") = FRMS_DTYPE_F16;
   m.attr("DTYPE_BF16") = FRMS_DTYPE_BF16;
 }
