@@ -116,6 +116,16 @@ def test_jit_only_wheel_ships_sources(tmp_path):
         assert f"fused_rmsnorm/csrc/{f}" in names
     assert "fused_rmsnorm/_common/checks.py" in names and "fused_rmsnorm/build_config.json" in names
     assert not any(n.endswith(".so") for n in names)
+    # the installed sources hash as the tree a build compiled: no wheel user sees a false "stale AOT" warning
+    zipfile.ZipFile(whl).extractall(tmp_path / "x")
+    spec = importlib.util.spec_from_file_location("frms_wheel_build", tmp_path / "x" / "fused_rmsnorm" / "_build.py")
+    installed = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = installed  # its dataclasses need the module registered
+    try:
+        spec.loader.exec_module(installed)
+        assert installed.CSRC != _build.CSRC and installed.source_hash() == _build.source_hash()
+    finally:
+        del sys.modules[spec.name]
 
 
 def test_jit_cache_build_lock_and_reuse(tmp_path, monkeypatch):
